@@ -1,0 +1,132 @@
+"""Loss spikes seen in the progress values: a jump that does not come back, NaN/inf, a
+collapsing fp16 loss scale.
+
+A spike that recovers on its own (BLOOM-176B's 2.2 -> 5.1 came back within ~30 iterations)
+is not a failure and is only reported as such; one that stays up is, and its first line
+is the root-cause line. Checks run per batch and touch single points only when a batch
+crosses the threshold, because batches arrive at filter speed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+BASELINE_POINTS = 64
+MIN_BASELINE = 10
+JUMP_RATIO = 1.5
+JUMP_ABSOLUTE = 0.5
+RECOVERED_RATIO = 1.15
+SUSTAIN_POINTS = 50
+END_SUSTAIN_POINTS = 5
+COLLAPSED_LOSS_SCALE = 1.0
+HEALTHY_LOSS_SCALE = 128.0
+
+
+@dataclass(frozen=True, slots=True)
+class Spike:
+    kind: str
+    """`diverged`, `nan` or `loss_scale`."""
+    line_number: int
+    line: str
+    step: int | None
+    baseline: float | None
+    peak: float | None
+    recovered: bool = False
+
+
+@dataclass(slots=True)
+class _Candidate:
+    line_number: int
+    line: str
+    step: int | None
+    baseline: float
+    peak: float
+    points: int = 0
+
+
+class LossSpikeDetector:
+    def __init__(self) -> None:
+        self._window: deque[float] = deque(maxlen=BASELINE_POINTS)
+        self._candidate: _Candidate | None = None
+        self.spikes: list[Spike] = []
+        self.recovered: list[Spike] = []
+        self._max_scale = 0.0
+
+    @property
+    def failed(self) -> Spike | None:
+        """The first spike that did not recover, if any."""
+        return next((s for s in self.spikes if not s.recovered), None)
+
+    def _baseline(self) -> float | None:
+        if len(self._window) < MIN_BASELINE:
+            return None
+        ordered = sorted(self._window)
+        return ordered[len(ordered) // 2]
+
+    def observe(self, lines: Sequence[int], steps: Sequence[float], losses: Sequence[float | None],
+                scales: Sequence[float], line_text: Callable[[int], str]) -> None:
+        """Take a batch of points; a loss of None means the line had no loss value."""
+        if self.failed is not None:
+            return
+        self._check_scale(lines, scales, line_text)
+        baseline = self._baseline()
+        present = [x for x in losses if x is not None]
+        finite = [x for x in present if math.isfinite(x)]
+        threshold = None if baseline is None else max(baseline * JUMP_RATIO, baseline + JUMP_ABSOLUTE)
+        calm = (self._candidate is None and len(finite) == len(present)
+                and (threshold is None or not finite or max(finite) <= threshold))
+        if calm:
+            self._window.extend(finite[-BASELINE_POINTS:])
+            return
+        for line, step, loss in zip(lines, steps, losses, strict=True):
+            self._point(line, step, loss, line_text)
+            if self.failed is not None:
+                return
+
+    def _point(self, line: int, step: float, loss: float | None, line_text: Callable[[int], str]) -> None:
+        if loss is None:
+            return
+        step_id = None if math.isnan(step) else int(step)
+        if not math.isfinite(loss):
+            self.spikes.append(Spike("nan", line, line_text(line), step_id, self._baseline(), None))
+            return
+        cand = self._candidate
+        if cand is not None:
+            cand.points += 1
+            cand.peak = max(cand.peak, loss)
+            if loss <= cand.baseline * RECOVERED_RATIO:
+                self.recovered.append(Spike("diverged", cand.line_number, cand.line, cand.step,
+                                            cand.baseline, cand.peak, recovered=True))
+                self._candidate = None
+            elif cand.points >= SUSTAIN_POINTS:
+                self._confirm()
+            return
+        baseline = self._baseline()
+        if baseline is not None and loss > max(baseline * JUMP_RATIO, baseline + JUMP_ABSOLUTE):
+            self._candidate = _Candidate(line, line_text(line), step_id, baseline, loss)
+        else:
+            self._window.append(loss)
+
+    def _confirm(self) -> None:
+        cand = self._candidate
+        assert cand is not None
+        self.spikes.append(Spike("diverged", cand.line_number, cand.line, cand.step, cand.baseline, cand.peak))
+        self._candidate = None
+
+    def _check_scale(self, lines: Sequence[int], scales: Sequence[float], line_text: Callable[[int], str]) -> None:
+        finite = [s for s in scales if math.isfinite(s)]
+        if not finite:
+            return
+        self._max_scale = max(self._max_scale, max(finite))
+        if self._max_scale >= HEALTHY_LOSS_SCALE and min(finite) <= COLLAPSED_LOSS_SCALE:
+            i = next(i for i, s in enumerate(scales) if math.isfinite(s) and s <= COLLAPSED_LOSS_SCALE)
+            self.spikes.append(Spike("loss_scale", lines[i], line_text(lines[i]), None, self._max_scale, scales[i]))
+
+    def finish(self) -> None:
+        """At the end of the log: a jump still up after a few points counts as diverged."""
+        cand = self._candidate
+        if cand is not None and cand.points >= END_SUSTAIN_POINTS and self.failed is None:
+            self._confirm()

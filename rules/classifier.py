@@ -1,0 +1,194 @@
+"""The rule-based classifier: matches kept lines against diagnosis rules and gathers evidence.
+
+Every kept line is tried against all diagnosis patterns at once (one RE2 set); a line that
+several rules match is credited to the rule of the highest tier (a `RuntimeError: CUDA
+error: uncorrectable ECC error` is an ECC error before it is a RuntimeError). Evidence is
+kept per rule up to a bound, so an avalanche from 10,000 ranks costs fixed memory.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import re2
+import regex
+
+from rules.envelope import split_envelope
+from rules.locate import locate
+from rules.model import TIER_RANK, DiagnosisRule, Evidence, KeptLine, Tier
+from rules.timestamps import TimestampReader
+
+EVIDENCE_PER_RULE = 32
+RANKS_PER_RULE = 4096
+UNTRUSTED_MATCH_TIMEOUT_S = 0.05
+_CHAIN_MARKERS = (
+    "The above exception was the direct cause of the following exception",
+    "During handling of the above exception, another exception occurred",
+)
+
+
+class DiagnosisCompileError(ValueError):
+    """A diagnosis rule's pattern cannot be compiled."""
+
+
+def _set_options() -> re2.Options:
+    opts = re2.Options()
+    opts.never_capture = True
+    opts.log_errors = False
+    return opts
+
+
+class DiagnosisProgram:
+    """Diagnosis rules compiled once into an RE2 set, plus per-pattern group readers."""
+
+    def __init__(self, rules: Sequence[DiagnosisRule], *, untrusted_sources: Sequence[str] = ("log_agent", "failure_agent")):
+        self.rules = list(rules)
+        self._owner: list[int] = []
+        self._readers: list = []
+        self._set = re2.Set(re2._Anchor.UNANCHORED, _set_options())
+        for index, rule in enumerate(self.rules):
+            trusted = not rule.source.startswith(tuple(untrusted_sources))
+            for pattern in rule.patterns:
+                try:
+                    if self._set.Add(pattern.encode("utf-8")) < 0:
+                        raise re2.error("rejected")
+                    self._readers.append(self._reader(pattern, trusted))
+                except (re2.error, re.error, regex.error) as exc:
+                    raise DiagnosisCompileError(f"rule {rule.id}: cannot compile {pattern[:100]!r}: {exc}") from None
+                self._owner.append(index)
+        self._empty = not self._owner
+        if not self._empty:
+            self._set.Compile()
+
+    @staticmethod
+    def _reader(pattern: str, trusted: bool):
+        if trusted:
+            return re.compile(pattern).search
+        compiled = regex.compile(pattern)
+        return lambda text: compiled.search(text, timeout=UNTRUSTED_MATCH_TIMEOUT_S)
+
+    def match(self, message: str) -> tuple[DiagnosisRule, dict[str, str]] | None:
+        """The best rule matching a message and the named groups it captured."""
+        if self._empty:
+            return None
+        hits = self._set.Match(message.encode("utf-8", "replace"))
+        if not hits:
+            return None
+        best = min(hits, key=lambda i: (-TIER_RANK[self.rules[self._owner[i]].tier], self._owner[i]))
+        rule = self.rules[self._owner[best]]
+        try:
+            m = self._readers[best](message)
+        except TimeoutError:
+            m = None
+        groups = {k: v for k, v in m.groupdict().items() if v is not None} if m else {}
+        if m:
+            groups["match"] = m.group(0)
+        return rule, groups
+
+
+@dataclass
+class RuleEvidence:
+    """What one diagnosis rule found: a bounded sample and counts."""
+
+    rule: DiagnosisRule
+    count: int = 0
+    items: list[Evidence] = field(default_factory=list)
+    ranks: set[int] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+    earliest: Evidence | None = None
+
+    def add(self, item: Evidence) -> None:
+        self.count += 1
+        if len(self.items) < EVIDENCE_PER_RULE:
+            self.items.append(item)
+        if item.rank is not None and len(self.ranks) < RANKS_PER_RULE:
+            self.ranks.add(item.rank)
+        if item.node is not None and len(self.nodes) < RANKS_PER_RULE:
+            self.nodes.add(item.node)
+        if self.earliest is None or earlier(item, self.earliest):
+            self.earliest = item
+
+
+def earlier(a: Evidence, b: Evidence) -> bool:
+    """Whether a happened before b: by time stamp across files, else by arrival."""
+    if a.timestamp is not None and b.timestamp is not None and a.source != b.source:
+        return (a.timestamp, a.seq) < (b.timestamp, b.seq)
+    return a.seq < b.seq
+
+
+@dataclass
+class _SourceState:
+    clock: TimestampReader
+    last_time: float | None = None
+    chain_pending: dict[int | None, int] = field(default_factory=dict)
+    last_evidence: dict[int | None, int] = field(default_factory=dict)
+
+
+class Classifier:
+    """Feeds on kept lines, in order, from one or more sources of one job."""
+
+    def __init__(self, program: DiagnosisProgram, *, default_year: int = 1970):
+        self.program = program
+        self.seq = 0
+        self.found: dict[str, RuleEvidence] = {}
+        self._sources: dict[str, _SourceState] = {}
+        self._default_year = default_year
+        self.default_nodes: dict[str, str] = {}
+        """Node to assume for lines of a source that do not name one (one file per node)."""
+
+    def _state(self, source: str) -> _SourceState:
+        state = self._sources.get(source)
+        if state is None:
+            state = self._sources[source] = _SourceState(TimestampReader(self._default_year))
+        return state
+
+    def feed(self, line: KeptLine) -> Evidence | None:
+        self.seq += 1
+        state = self._state(line.source)
+        envelope = split_envelope(line.text)
+        stamp = state.clock.read(envelope.message)
+        if stamp is not None:
+            state.last_time = stamp
+        rank, node = locate(envelope, self.default_nodes.get(line.source))
+        stream = rank if rank is not None else envelope.local_rank
+        if any(marker in envelope.message for marker in _CHAIN_MARKERS):
+            if stream in state.last_evidence:
+                state.chain_pending[stream] = state.last_evidence[stream]
+            return None
+        hit = self.program.match(envelope.message)
+        if hit is None:
+            return None
+        rule, groups = hit
+        item = Evidence(
+            rule_id=rule.id, reason=rule.reason, tier=rule.tier, line=line.text,
+            line_number=line.line_number, source=line.source, seq=self.seq, rank=rank, node=node,
+            timestamp=state.last_time, groups=groups, chained_from=state.chain_pending.pop(stream, None),
+        )
+        if rule.tier is not Tier.CONTEXT:
+            state.last_evidence[stream] = self.seq
+        found = self.found.get(rule.id)
+        if found is None:
+            found = self.found[rule.id] = RuleEvidence(rule)
+        found.add(item)
+        return item
+
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+_PLACEHOLDER_DEFAULTS = {"node": "the node that reported it", "rank": "the rank that reported it", "file": "the log"}
+
+
+def render_mitigation(template: str, values: dict[str, object]) -> str:
+    """Fill `{name}` placeholders of a rule's mitigation.
+
+    Plain substitution, not str.format: an agent-written template must not reach
+    attributes of the values, and log text only ever lands in the values.
+    """
+    def fill(m: re.Match[str]) -> str:
+        value = values.get(m.group(1))
+        if value is None:
+            return _PLACEHOLDER_DEFAULTS.get(m.group(1), m.group(0))
+        return str(value)
+
+    return _PLACEHOLDER.sub(fill, template)

@@ -1,0 +1,174 @@
+"""Reading progress fields (step, loss, ...) out of the metric lines a filter rule drops.
+
+The fast way is one `findall` over a whole run of metric lines, which stays in C. Python's
+`re` finds its matches quickly only when the pattern starts with a literal, so the extractor
+searches with the rule's pattern from its first literal run on (for a Megatron iteration
+rule, from `iteration` on, skipping the optional time stamp before it). If the number of
+matches is not exactly the number of metric lines in the run, the extractor falls back to
+matching line by line with the whole, anchored pattern.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import regex
+
+from rules.envelope import ENVELOPE_PATTERN
+from rules.model import PROGRESS_FIELDS
+
+UNTRUSTED_MATCH_TIMEOUT_S = 0.05
+_NAMED_GROUP = re.compile(r"\(\?P<(\w+)>")
+_LITERAL = re.compile(r"[A-Za-z0-9_ :=/-]")
+MIN_LITERAL_RUN = 4
+
+Columns = list[Sequence[bytes | None]]
+
+
+class FieldError(ValueError):
+    """A pattern captures a field that is not a progress field."""
+
+
+def progress_fields(pattern: str) -> tuple[str, ...]:
+    """The progress fields a pattern captures; other group names are refused."""
+    names = tuple(_NAMED_GROUP.findall(pattern))
+    unknown = set(names) - PROGRESS_FIELDS
+    if unknown:
+        raise FieldError(f"unknown progress field(s) {sorted(unknown)} in {pattern[:80]!r}")
+    return names
+
+
+def non_capturing(pattern: str, *, keep_named: bool = False) -> str:
+    """The pattern with every group (or every unnamed one) made non-capturing.
+
+    RE2 leaves its DFA for a slower engine as soon as a caller asks for groups, and the
+    Python binding always asks for all of them.
+    """
+    out: list[str] = []
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]" or (bool(out) and out[-1] in ("[", "[^"))
+        elif c == "[":
+            in_class = True
+            if pattern.startswith("[^", i):
+                out.append("[^")
+                i += 2
+                continue
+        elif c == "(":
+            if pattern.startswith("(?P<", i) and not keep_named:
+                out.append("(?:")
+                i = pattern.index(">", i) + 1
+                continue
+            if not pattern.startswith("(?", i):
+                out.append("(?:")
+                i += 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def literal_suffix(pattern: str) -> str | None:
+    """The pattern from its first top-level run of literal characters on, when that run
+    comes before the first named group; None when there is no such run, or when a top-level
+    alternation makes a suffix mean something else."""
+    if _has_top_level_bar(pattern):
+        return None
+    first_group = pattern.find("(?P<")
+    depth, i, in_class, run_start = 0, 0, False, -1
+    while i < len(pattern) and (first_group < 0 or i < first_group):
+        c = pattern[i]
+        if c == "\\":
+            run_start = -1
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class, run_start = True, -1
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+            run_start = -1
+        elif depth == 0 and _LITERAL.match(c) and not pattern.startswith(("*", "+", "?", "{"), i + 1):
+            if run_start < 0:
+                run_start = i
+            if i + 1 - run_start >= MIN_LITERAL_RUN:
+                return pattern[run_start:]
+        else:
+            run_start = -1
+        i += 1
+    return None
+
+
+def _has_top_level_bar(pattern: str) -> bool:
+    depth, i, in_class = 0, 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+        elif c == "|" and depth == 0:
+            return True
+        i += 1
+    return False
+
+
+class FieldExtractor:
+    """Reads the progress fields of one metric rule."""
+
+    def __init__(self, pattern: str, *, trusted: bool):
+        self.fields = progress_fields(pattern)
+        body = non_capturing(pattern, keep_named=True)
+        anchored = ("^%s(?:%s)$" % (ENVELOPE_PATTERN, body)).encode("latin-1")
+        suffix = literal_suffix(body)
+        search = suffix.encode("latin-1") if suffix else None
+        if trusted:
+            self._match = re.compile(anchored).match
+            self._findall = re.compile(search).findall if search else None
+        else:
+            # An agent-written pattern may backtrack badly under Python `re`; `regex` can stop it.
+            matcher = regex.compile(anchored)
+            self._match = lambda line: matcher.match(line, timeout=UNTRUSTED_MATCH_TIMEOUT_S)
+            finder = regex.compile(search) if search else None
+            self._findall = (lambda data, start, stop: finder.findall(
+                data, start, stop, timeout=UNTRUSTED_MATCH_TIMEOUT_S)) if finder else None
+
+    def columns(self, data: bytes, start: int, stop: int,
+                line_numbers: Sequence[int], first_line: int) -> tuple[list[int], Columns]:
+        """Field values of the metric lines in data[start:stop].
+
+        `line_numbers` are the metric lines' numbers (the span may interleave other rules'
+        lines) and `first_line` is the number of the span's first line. Returns the line
+        numbers that matched and one column of raw values per field.
+        """
+        try:
+            if self._findall is not None:
+                rows = self._findall(data, start, stop)
+                if len(rows) == len(line_numbers):
+                    return list(line_numbers), self._transpose(rows)
+            lines = data[start:stop].split(b"\n")
+            matches = [self._match(lines[n - first_line]) for n in line_numbers]
+        except TimeoutError:
+            return [], []
+        numbers = [n for n, m in zip(line_numbers, matches, strict=True) if m is not None]
+        return numbers, self._transpose([m.groups() for m in matches if m is not None])
+
+    def _transpose(self, rows: list) -> Columns:
+        if not rows:
+            return [[] for _ in self.fields]
+        if len(self.fields) == 1 and not isinstance(rows[0], tuple):
+            return [rows]
+        return [list(col) for col in zip(*rows, strict=True)]

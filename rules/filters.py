@@ -1,0 +1,312 @@
+"""The filter engine: drops routine lines at DFA speed and remembers what it dropped.
+
+How the hot loop works, and why (figures from bench/filter_bench.py on this machine):
+
+* Each rule is compiled by RE2 into a run program `(?:ENVELOPE rule\\n)+`, anchored at a
+  line start, without captures so that RE2 stays on its DFA. One call consumes a whole run
+  of consecutive lines of one rule: the call costs ~2 µs of Python, the scan ~2 ns a byte.
+* Runs are short when rules interleave (a Megatron iteration line, then a timer block, ...).
+  The loop predicts the next rule from the last one seen after it, and when the last few
+  runs repeat with a period of 2-6 runs it compiles that period into one block program
+  `(?:(?:A\\n){1}(?:B\\n){1}(?:C\\n){5})+`, which then consumes thousands of periods per
+  call. Counts stay exact: a block match is a whole number of periods.
+* Which lines are error-like is decided before, by the guard (rules/guard.py), on the whole
+  buffer; the loop only ever runs between error-like lines, so no rule can drop one.
+* Progress fields are read, with Python `re`, only from the lines of metric rules.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import re2
+
+from rules.envelope import ENVELOPE_PATTERN
+from rules.extract import Columns, FieldError, FieldExtractor, non_capturing
+from rules.guard import ErrorGuard
+from rules.model import FilterRule, KeptLine, RuleStats
+
+_ANCHOR_START = re2._Anchor.ANCHOR_START
+_ANCHOR_BOTH = re2._Anchor.ANCHOR_BOTH
+_UNANCHORED = re2._Anchor.UNANCHORED
+MAX_BLOCK_PERIOD = 6
+MAX_BLOCK_LINES = 32
+MAX_BLOCK_PROGRAMS = 64
+MAX_KEPT_LINE_CHARS = 8192
+
+
+class FilterCompileError(ValueError):
+    """A filter rule's pattern cannot be compiled."""
+
+
+def _re2_options() -> re2.Options:
+    opts = re2.Options()
+    opts.encoding = re2.Options.Encoding.LATIN1  # any byte is a character: no UTF-8 decoding cost
+    opts.never_capture = True                    # captures would push RE2 off its DFA
+    opts.log_errors = False
+    opts.max_mem = 64 << 20
+    return opts
+
+
+def _line_program(pattern: str) -> str:
+    return "%s(?:%s)" % (ENVELOPE_PATTERN, non_capturing(pattern))
+
+
+def _compile_re2(pattern: str):
+    try:
+        return re2.compile(pattern.encode("latin-1"), _re2_options())._regexp
+    except (re2.error, UnicodeEncodeError) as exc:
+        raise FilterCompileError(f"RE2 cannot compile {pattern[:120]!r}: {exc}") from None
+
+
+def _extractor(rule: FilterRule) -> FieldExtractor | None:
+    try:
+        extractor = FieldExtractor(rule.pattern, trusted=rule.trusted)
+    except FieldError as exc:
+        raise FilterCompileError(str(exc)) from None
+    return extractor if extractor.fields else None
+
+
+def _line_at(data: bytes, start: int, stop: int, index: int, from_end: int) -> bytes:
+    """The index-th line of data[start:stop] (which holds whole lines), walking from the
+    nearer end; from_end is the count of lines after it."""
+    if index <= from_end:
+        pos = start
+        for _ in range(index):
+            pos = data.index(b"\n", pos, stop) + 1
+        return data[pos:data.index(b"\n", pos, stop)]
+    end = stop - 1  # the newline ending the last line
+    for _ in range(from_end):
+        end = data.rindex(b"\n", start, end)
+    return data[data.rfind(b"\n", start, end) + 1:end]
+
+
+class FilterProgram:
+    """A set of filter rules compiled once; shared, read-only, by every stream that uses it."""
+
+    def __init__(self, rules: Sequence[FilterRule], guard: ErrorGuard | None = None):
+        self.rules = list(rules)
+        ids = [r.id for r in self.rules]
+        if len(set(ids)) != len(ids):
+            raise FilterCompileError("duplicate filter rule ids")
+        self.guard = guard or ErrorGuard()
+        self.line_patterns = [_line_program(r.pattern) for r in self.rules]
+        self.runs = [_compile_re2("(?:%s\n)+" % p) for p in self.line_patterns]
+        self.extractors = [_extractor(r) for r in self.rules]
+        self._line_set = self._compile_set() if self.rules else None
+        # a line start followed by any rule's line: skips stretches that no rule knows
+        self._any_line = _compile_re2("(?m)^(?:%s)\n" % "|".join(self.line_patterns)) if self.rules else None
+
+    def _compile_set(self):
+        line_set = re2.Set(_ANCHOR_BOTH, _re2_options())
+        for pattern in self.line_patterns:
+            line_set.Add(pattern.encode("latin-1"))
+        line_set.Compile()
+        return line_set._set
+
+    def rules_matching(self, line: bytes | memoryview) -> list[int]:
+        """Indexes of the rules whose pattern matches this line (without its newline)."""
+        if self._line_set is None:
+            return []
+        return sorted(self._line_set.Match(line) or ())
+
+    def next_known_line(self, data: bytes, pos: int, end: int) -> int:
+        """Start of the first line in [pos, end) that some rule matches, else end."""
+        if self._any_line is None or pos >= end:
+            return end
+        start = self._any_line.Match(_UNANCHORED, data, pos, end)[0][0]
+        return end if start < 0 else start
+
+    def block_program(self, period: tuple[tuple[int, int], ...]):
+        parts = "".join("(?:%s\n){%d}" % (self.line_patterns[k], n) for k, n in period)
+        return _compile_re2("(?:%s)+" % parts)
+
+
+ProgressSink = Callable[[tuple[str, ...], list[int], Columns, Callable[[int], str]], None]
+"""Receives a batch of progress values: field names, line numbers, one raw column per field,
+and a function giving the text of one of those lines while the batch is read."""
+
+
+class FilterStream:
+    """Filters one source (a file or a live stream) and keeps its statistics.
+
+    `feed()` takes buffers of whole lines (the ingest layer splits) and returns the kept
+    lines; memory is bounded by the largest buffer, whatever the length of the log.
+    """
+
+    def __init__(self, program: FilterProgram, *, source: str = "", on_progress: ProgressSink | None = None):
+        self.source = source
+        self.lines_in = 0
+        self.bytes_in = 0
+        self.lines_kept = 0
+        self._on_progress = on_progress or (lambda _fields, _numbers, _columns, _text: None)
+        self._stats: dict[str, RuleStats] = {}
+        self._use(program)
+
+    # -- program changes -------------------------------------------------------------------
+    def _use(self, program: FilterProgram) -> None:
+        self.program = program
+        n = len(program.rules)
+        self._count = [0] * n
+        self._first = [0] * n
+        self._last = [0] * n
+        self._succ = list(range(n))
+        self._blocks: OrderedDict[tuple, object] = OrderedDict()
+
+    def _flush_stats(self) -> None:
+        for k, rule in enumerate(self.program.rules):
+            if self._count[k]:
+                stats = self._stats.setdefault(rule.id, RuleStats())
+                stats.merge(RuleStats(self._count[k], self._first[k], self._last[k]))
+                self._count[k] = self._first[k] = self._last[k] = 0
+
+    def set_program(self, program: FilterProgram) -> None:
+        """Switch to a new rule set between two buffers; statistics carry over by rule id."""
+        self._flush_stats()
+        self._use(program)
+
+    def rule_stats(self) -> dict[str, RuleStats]:
+        self._flush_stats()
+        return dict(self._stats)
+
+    # -- the hot path ----------------------------------------------------------------------
+    def feed(self, data: bytes) -> list[KeptLine]:
+        """Filter a buffer of whole lines (it must end with a newline)."""
+        if not data:
+            return []
+        if not data.endswith(b"\n"):
+            raise ValueError("feed() needs whole lines: the buffer must end with a newline")
+        kept: list[KeptLine] = []
+        pos = 0
+        for start, end in self.program.guard.error_line_spans(data):
+            if pos < start:
+                self._scan(data, pos, start, kept)
+            self._keep(data, start, end, True, kept)
+            pos = end
+        if pos < len(data):
+            self._scan(data, pos, len(data), kept)
+        self.bytes_in += len(data)
+        self.lines_kept += len(kept)
+        return kept
+
+    def _keep(self, data: bytes, start: int, end: int, error_like: bool, kept: list[KeptLine]) -> None:
+        self.lines_in += 1
+        stop = min(end - 1, start + MAX_KEPT_LINE_CHARS)
+        text = data[start:stop].decode("utf-8", "replace")
+        kept.append(KeptLine(self.lines_in, text, error_like, self.source))
+
+    def _keep_all(self, data: bytes, start: int, end: int, kept: list[KeptLine]) -> None:
+        """Keep every line of [start, end): a stretch no rule knows."""
+        first, source = self.lines_in + 1, self.source
+        lines = data[start:end - 1].split(b"\n")
+        kept.extend(KeptLine(first + i, line[:MAX_KEPT_LINE_CHARS].decode("utf-8", "replace"), False, source)
+                    for i, line in enumerate(lines))
+        self.lines_in += len(lines)
+
+    def _scan(self, data: bytes, pos: int, end: int, kept: list[KeptLine]) -> None:
+        """Consume [pos, end): whole lines, none of them error-like."""
+        runs, succ, program = self.program.runs, self._succ, self.program
+        count_nl = data.count
+        history: list[tuple[int, int]] = []
+        cur = 0
+        while pos < end:
+            k = succ[cur] if succ else -1
+            stop = runs[k].Match(_ANCHOR_START, data, pos, end)[0][1] if k >= 0 else -1
+            if stop < 0:
+                k, stop = self._run_at(data, pos, end)
+                if k < 0:
+                    self._keep_all(data, pos, stop, kept)
+                    pos = stop
+                    history.clear()
+                    continue
+            n = count_nl(b"\n", pos, stop)
+            self._record(k, n, data, pos, stop)
+            succ[cur] = k
+            cur = k
+            pos = stop
+            history.append((k, n))
+            if len(history) >= 4:
+                pos = self._try_block(history, data, pos, end)
+
+    def _run_at(self, data: bytes, pos: int, end: int) -> tuple[int, int]:
+        """The rule matching the line at pos and the end of its run; or, when no rule matches
+        that line, (-1, start of the next line that some rule matches)."""
+        nl = data.find(b"\n", pos, end)
+        eol = end if nl < 0 else nl + 1
+        matching = self.program.rules_matching(memoryview(data)[pos:eol - 1])
+        if not matching:
+            return -1, self.program.next_known_line(data, eol, end)
+        k = matching[0]
+        return k, self.program.runs[k].Match(_ANCHOR_START, data, pos, end)[0][1]
+
+    def _record(self, k: int, n: int, data: bytes, start: int, stop: int) -> None:
+        first_line = self.lines_in + 1
+        self.lines_in += n
+        if not self._count[k]:
+            self._first[k] = first_line
+        self._count[k] += n
+        self._last[k] = self.lines_in
+        if self.program.extractors[k] is not None:
+            self._extract(k, data, start, stop, range(first_line, first_line + n), first_line)
+
+    def _extract(self, k: int, data: bytes, start: int, stop: int,
+                 line_numbers: Sequence[int], first_line: int) -> None:
+        extractor = self.program.extractors[k]
+        numbers, columns = extractor.columns(data, start, stop, line_numbers, first_line)
+        if numbers:
+            last_line = first_line + data.count(b"\n", start, stop) - 1
+
+            def line_text(n: int) -> str:
+                return _line_at(data, start, stop, n - first_line, last_line - n).decode("utf-8", "replace")
+
+            self._on_progress(extractor.fields, numbers, columns, line_text)
+
+    # -- periodic interleaving ---------------------------------------------------------------
+    def _try_block(self, history: list[tuple[int, int]], data: bytes, pos: int, end: int) -> int:
+        """If the last runs repeat with a short period, consume as many periods as follow."""
+        size = len(history)
+        for p in range(2, min(MAX_BLOCK_PERIOD, size // 2) + 1):
+            if history[-p:] != history[-2 * p:-p]:
+                continue
+            period = tuple(history[-p:])
+            lines_per = sum(n for _, n in period)
+            if lines_per > MAX_BLOCK_LINES:
+                return pos
+            program = self._block_program(period)
+            stop = program.Match(_ANCHOR_START, data, pos, end)[0][1] if program else -1
+            history.clear()
+            if stop > pos:
+                self._record_block(period, lines_per, data, pos, stop)
+                return stop
+            return pos
+        if size > 2 * MAX_BLOCK_PERIOD:
+            del history[:-2 * MAX_BLOCK_PERIOD]
+        return pos
+
+    def _block_program(self, period: tuple[tuple[int, int], ...]):
+        program = self._blocks.get(period)
+        if program is None and period not in self._blocks:
+            try:
+                program = self.program.block_program(period)
+            except FilterCompileError:
+                program = None  # too big for RE2's budget: stay with single runs
+            self._blocks[period] = program
+            if len(self._blocks) > MAX_BLOCK_PROGRAMS:
+                self._blocks.popitem(last=False)
+        return program
+
+    def _record_block(self, period, lines_per: int, data: bytes, start: int, stop: int) -> None:
+        total = data.count(b"\n", start, stop)
+        repeats = total // lines_per
+        base = self.lines_in  # line number before the block
+        offset = 0
+        for k, n in period:
+            self._count[k] += repeats * n
+            self._last[k] = max(self._last[k], base + (repeats - 1) * lines_per + offset + n)
+            if self.program.extractors[k] is not None:
+                # a metric rule's lines sit at fixed offsets within each period
+                numbers = [base + p * lines_per + offset + j + 1 for p in range(repeats) for j in range(n)]
+                self._extract(k, data, start, stop, numbers, base + 1)
+            offset += n
+        self.lines_in += total

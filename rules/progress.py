@@ -1,0 +1,159 @@
+"""How far a job got: the progress fields that metric rules read from the lines they drop.
+
+Values arrive in batches (one per run of metric lines) and are stored in columns, because a
+Python object per metric line costs more than the filter spends on the line itself.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rules.anomaly import LossSpikeDetector
+from rules.model import ProgressPoint
+
+LineText = Callable[[int], str]
+
+
+def _no_text(_line: int) -> str:
+    return ""
+
+
+RECENT_POINTS = 4096
+"""Points kept exactly; older ones are thinned by halves, so memory stays flat."""
+
+_COLUMNS = ("step", "loss", "grad_norm", "step_time_s", "loss_scale")
+NAN = math.nan
+
+
+def _number(raw: bytes | str | None) -> float:
+    if raw is None:
+        return NAN
+    text = raw.decode("latin-1") if isinstance(raw, bytes) else raw
+    text = text.strip().replace(",", "").rstrip("%")
+    try:
+        return float(text)
+    except ValueError:
+        return NAN
+
+
+def _column(values: Sequence[bytes | None]) -> list[float]:
+    try:
+        return list(map(float, values))  # the common case, at C speed
+    except (TypeError, ValueError):
+        return [_number(v) for v in values]
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    step: int
+    line_number: int
+    source: str = ""
+
+
+def _maybe(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+class ProgressTracker:
+    """Last values, a bounded curve of (step, loss, grad norm, step time, loss scale), and
+    the checkpoints saved, for one job."""
+
+    def __init__(self, source: str = ""):
+        self.source = source
+        self.points_seen = 0
+        self.last_line: tuple[int, str] | None = None
+        """The last metric line seen: (line number, text)."""
+        self.spikes = LossSpikeDetector()
+        self._cols = {name: array("d") for name in _COLUMNS}
+        self._lines = array("q")
+        self.checkpoints: deque[Checkpoint] = deque(maxlen=256)
+
+    def observe(self, fields: Sequence[str], line_numbers: Sequence[int],
+                columns: Sequence[Sequence[bytes | None]], line_text: LineText = _no_text) -> None:
+        """Take a batch of raw values: one column per field, one row per metric line.
+
+        `line_text(n)` gives the text of metric line n while the batch is being read; it is
+        called for the last line of the batch and for lines where the loss spikes.
+        """
+        rows = len(line_numbers)
+        if not rows:
+            return
+        raw = dict(zip(fields, columns, strict=True))
+        if "checkpoint_step" in raw:
+            self._checkpoints(line_numbers, raw.pop("checkpoint_step"))
+        if "step" not in raw and "loss" not in raw:
+            return
+        values = {name: _column(raw[name]) if name in raw else [NAN] * rows for name in _COLUMNS}
+        if "step_time_ms" in raw:
+            ms = _column(raw["step_time_ms"])
+            values["step_time_s"] = [m / 1000.0 if math.isnan(s) else s
+                                     for s, m in zip(values["step_time_s"], ms, strict=True)]
+        for name, column in self._cols.items():
+            column.extend(values[name])
+        self._lines.extend(line_numbers)
+        self.points_seen += rows
+        self.last_line = (line_numbers[-1], line_text(line_numbers[-1]))
+        if "loss" in raw:
+            losses: Sequence[float | None] = values["loss"]
+            if None in raw["loss"]:
+                losses = [None if r is None else f for r, f in zip(raw["loss"], values["loss"], strict=True)]
+            self.spikes.observe(line_numbers, values["step"], losses, values["loss_scale"], line_text)
+        if len(self._lines) > 2 * RECENT_POINTS:
+            self._thin()
+
+    def _checkpoints(self, line_numbers: Sequence[int], raw: Sequence[bytes | None]) -> None:
+        for line, step in zip(line_numbers, _column(raw), strict=True):
+            if not math.isnan(step):
+                self.checkpoints.append(Checkpoint(int(step), line, self.source))
+
+    def _thin(self) -> None:
+        """Halve the resolution of everything older than the most recent points."""
+        cut = len(self._lines) - RECENT_POINTS
+        for name, column in self._cols.items():
+            self._cols[name] = column[:cut:2] + column[cut:]
+        self._lines = self._lines[:cut:2] + self._lines[cut:]
+
+    def observe_checkpoint(self, step: int, line_number: int) -> None:
+        self.checkpoints.append(Checkpoint(step, line_number, self.source))
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def _last(self, name: str) -> float | None:
+        column = self._cols[name]
+        for value in reversed(column[-64:]):
+            if not math.isnan(value):
+                return value
+        return None
+
+    @property
+    def last_step(self) -> int | None:
+        steps = [s for s in self._cols["step"][-64:] if not math.isnan(s)]
+        return int(max(steps)) if steps else None
+
+    @property
+    def last_loss(self) -> float | None:
+        return self._last("loss")
+
+    def curve(self) -> list[ProgressPoint]:
+        """The stored points, oldest first (older ones thinned)."""
+        cols = self._cols
+        return [
+            ProgressPoint(step=None if math.isnan(s) else int(s), loss=_maybe(lo), grad_norm=_maybe(g),
+                          step_time_s=_maybe(t), loss_scale=_maybe(sc), line_number=ln, source=self.source)
+            for s, lo, g, t, sc, ln in zip(cols["step"], cols["loss"], cols["grad_norm"],
+                                           cols["step_time_s"], cols["loss_scale"], self._lines, strict=True)
+        ]
+
+    def summary(self) -> dict[str, float | int | None]:
+        last_loss = self.last_loss
+        return {
+            "last_step": self.last_step,
+            "last_loss": None if last_loss is None else round(last_loss, 6),
+            "last_grad_norm": self._last("grad_norm"),
+            "last_step_time_s": self._last("step_time_s"),
+        }

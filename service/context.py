@@ -1,0 +1,66 @@
+"""What a command or the app needs, built once from the settings: database, rules, agents."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from rules.verdict import Diagnosis
+from service import store
+from service.db import Database
+from service.pipeline import FailureAgentHook, JobMeta, JobRun, LogAgentHook
+from service.rulebook import Rulebook
+from service.settings import Settings
+
+
+@dataclass
+class Context:
+    settings: Settings
+    db: Database
+    rulebook: Rulebook
+    log_agent_factory: object | None = None
+    failure_agent: FailureAgentHook | None = None
+    closers: list = field(default_factory=list)
+
+    @classmethod
+    @contextmanager
+    def open(cls, settings: Settings) -> Iterator[Context]:
+        ctx = cls.build(settings)
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+    @classmethod
+    def build(cls, settings: Settings) -> Context:
+        db = Database(settings.database_url)
+        db.create_schema()
+        rulebook = Rulebook(source=store.RuleStore(db))
+        return cls(settings=settings, db=db, rulebook=rulebook)
+
+    def log_agent(self, meta: JobMeta) -> LogAgentHook | None:
+        if not self.settings.log_agent or self.log_agent_factory is None:
+            return None
+        return self.log_agent_factory(meta)
+
+    def new_run(self, meta: JobMeta) -> JobRun:
+        self.rulebook.refresh()
+        return JobRun(self.rulebook, meta, log_agent=self.log_agent(meta),
+                      failure_agent=self.failure_agent if self.settings.failure_agent else None)
+
+    def after_run(self, run: JobRun, diagnosis: Diagnosis) -> None:
+        """Count rule hits; agents persist what they learned themselves."""
+        hits: dict[str, int] = {}
+        for source in run.sources.values():
+            for rule_id, stats in source.stream.rule_stats().items():
+                hits[rule_id] = hits.get(rule_id, 0) + stats.count
+        for found in run.classifier.found.values():
+            hits[found.rule.id] = hits.get(found.rule.id, 0) + found.count
+        with self.db.session() as session:
+            store.add_hits(session, hits)
+
+    def close(self) -> None:
+        for closer in reversed(self.closers):
+            closer()
+        self.db.close()

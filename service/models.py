@@ -1,0 +1,150 @@
+"""Database tables (SQLAlchemy 2). SQLite is the default; PostgreSQL for deployments."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(512), default="", index=True)
+    family: Mapped[str] = mapped_column(String(512), default="", index=True)
+    framework: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    tags: Mapped[list[Any]] = mapped_column(default=list)
+    status: Mapped[str] = mapped_column(String(16), default="running", index=True)
+    live: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    last_output_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    last_progress_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    lines_received: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_received: Mapped[int] = mapped_column(BigInteger, default=0)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    diagnosis: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    reason: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    meta: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class KeptLineRow(Base):
+    """The compressed log of a job: the lines the filter kept (redacted), bounded per job."""
+
+    __tablename__ = "kept_lines"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    source: Mapped[str] = mapped_column(String(512), default="")
+    line_number: Mapped[int] = mapped_column(BigInteger)
+    text: Mapped[str] = mapped_column(Text)
+    error_like: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Chunk(Base):
+    """Chunks appended to a live job: the ledger that makes appends idempotent."""
+
+    __tablename__ = "job_chunks"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    source: Mapped[str] = mapped_column(String(512), primary_key=True)
+    offset: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    length: Mapped[int] = mapped_column(BigInteger)
+    lines: Mapped[int] = mapped_column(Integer)
+    checksum: Mapped[str] = mapped_column(String(64), default="")
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class RuleRow(Base):
+    """A rule that is not built in: learned by an agent, imported, or edited by a person."""
+
+    __tablename__ = "rules"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), index=True)          # filter | diagnosis
+    status: Mapped[str] = mapped_column(String(16), index=True)        # pending | active | rejected | disabled
+    scope: Mapped[str] = mapped_column(String(256), default="global", index=True)
+    source: Mapped[str] = mapped_column(String(64), default="log_agent", index=True)
+    pattern: Mapped[str] = mapped_column(Text)
+    """Filter: the pattern. Diagnosis: patterns joined as a JSON list in `patterns`."""
+    patterns: Mapped[list[Any]] = mapped_column(default=list)
+    reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    tier: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    origin: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    action: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    mitigation: Mapped[str] = mapped_column(Text, default="")
+    description: Mapped[str] = mapped_column(Text, default="")
+    provenance: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """Who proposed it (backend, model), votes, evidence lines, validation results."""
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    review_note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class RuleVersion(Base):
+    __tablename__ = "rule_versions"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    rule_id: Mapped[str] = mapped_column(String(128), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    changed_by: Mapped[str] = mapped_column(String(128), default="")
+    change: Mapped[str] = mapped_column(String(32))
+    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(256), default="")
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class Incident(Base):
+    """The Failure Agent's knowledge base: past failures, how they were diagnosed and fixed."""
+
+    __tablename__ = "incidents"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(String(64), index=True)
+    category: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    origin: Mapped[str] = mapped_column(String(16))
+    mitigation: Mapped[str] = mapped_column(Text, default="")
+    confirmed_by: Mapped[str] = mapped_column(String(64), default="")
+    """`taxonomy`, `builtin_rule`, `rule:<id>`, `admin`, `label`."""
+    job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    """float32 vector of the text, so a replica rebuilds its index without re-embedding."""
+    embedding_model: Mapped[str] = mapped_column(String(128), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Counter(Base):
+    """Named counters (the rule-set version that replicas watch)."""
+
+    __tablename__ = "counters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+Index("ix_kept_lines_job_line", KeptLineRow.job_id, KeptLineRow.source, KeptLineRow.line_number)

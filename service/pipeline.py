@@ -1,0 +1,291 @@
+"""One job's diagnosis, from raw line buffers to the Diagnosis: the stages wired together.
+
+ingest (line buffers) -> filter (per source) -> redact kept lines -> Log Agent (may add
+filter rules, applied to the running streams) -> classifier -> at finish: root-cause
+choice, loss spikes and hangs from progress, Failure Agent when the rules are not sure.
+This module does no I/O itself; callers (CLI, HTTP, live jobs) bring the bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rules.classifier import Classifier
+from rules.model import FilterRule, KeptLine
+from rules.progress import ProgressTracker
+from rules.rootcause import choose_root_cause
+from rules.taxonomy import JobStatus
+from rules.timestamps import TimestampReader
+from rules.verdict import (
+    Diagnosis,
+    RootCauseView,
+    from_hang,
+    from_rule,
+    from_spike,
+    nothing_found,
+    other_errors_view,
+)
+from service.redact import Redactor
+from service.rulebook import Rulebook
+
+CONFIDENT = 0.6
+"""Below this, the Failure Agent is asked (when one is configured)."""
+HANG_FLOOR_S = 30 * 60
+HANG_STEP_FACTOR = 20
+COMPRESSED_HEAD_LINES = 2_000
+COMPRESSED_TAIL_LINES = 20_000
+_EXCEPTION_LINE = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ")
+_TRACEBACK = "Traceback (most recent call last)"
+
+
+@dataclass(frozen=True)
+class JobMeta:
+    name: str = ""
+    framework: str | None = None
+    tags: tuple[str, ...] = ()
+
+
+class LogAgentHook(Protocol):
+    def observe(self, run: JobRun, kept: list[KeptLine]) -> list[FilterRule]:
+        """See kept lines; return filter rules accepted for this job (may be empty)."""
+
+
+class FailureAgentHook(Protocol):
+    def diagnose(self, run: JobRun, diagnosis: Diagnosis) -> Diagnosis | None:
+        """A better diagnosis than the rules', or None."""
+
+
+@dataclass
+class SourceRun:
+    name: str
+    stream: object
+    progress: ProgressTracker
+    redactor: Redactor = field(default_factory=Redactor)
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=8))
+    """The last raw lines seen (kept or not), for the time the log ends at."""
+
+
+class CompressedLog:
+    """What a person or an agent reads instead of the log: bounded head, error lines, tail."""
+
+    def __init__(self, head: int = COMPRESSED_HEAD_LINES, tail: int = COMPRESSED_TAIL_LINES):
+        self.head: list[KeptLine] = []
+        self.tail: deque[KeptLine] = deque(maxlen=tail)
+        self._head_max = head
+        self.total = 0
+
+    def add(self, lines: Iterable[KeptLine]) -> None:
+        for line in lines:
+            self.total += 1
+            if len(self.head) < self._head_max:
+                self.head.append(line)
+            else:
+                self.tail.append(line)
+
+    def lines(self) -> list[KeptLine]:
+        return [*self.head, *self.tail]
+
+
+class JobRun:
+    """Diagnoses one job whose log arrives as whole-line buffers from one or more sources."""
+
+    def __init__(self, rulebook: Rulebook, meta: JobMeta = JobMeta(), *,
+                 log_agent: LogAgentHook | None = None, failure_agent: FailureAgentHook | None = None):
+        self.rulebook = rulebook
+        self.meta = meta
+        self.filter_program = rulebook.filter_program(meta.framework, meta.name)
+        self.classifier = Classifier(rulebook.diagnosis_program)
+        self.sources: dict[str, SourceRun] = {}
+        self.compressed = CompressedLog()
+        self.log_agent = log_agent
+        self.failure_agent = failure_agent
+        self.learned: list[FilterRule] = []
+        self.suggested: list[dict] = []
+        self.bytes_in = 0
+        self._last_exception: KeptLine | None = None
+        self._saw_traceback = False
+
+    # -- feeding -----------------------------------------------------------------------------
+    def source(self, name: str) -> SourceRun:
+        run = self.sources.get(name)
+        if run is None:
+            tracker = ProgressTracker(name)
+            stream = self.rulebook.stream(self.filter_program, source=name, on_progress=tracker.observe)
+            run = self.sources[name] = SourceRun(name, stream, tracker)
+            if len(self.sources) > 1:
+                self._name_nodes()
+        return run
+
+    def _name_nodes(self) -> None:
+        """One file per node: a file named like a host stands for that node."""
+        for name in self.sources:
+            stem = name.rsplit("/", 1)[-1].split(".", 1)[0]
+            if re.fullmatch(r"[A-Za-z][\w-]*\d[\w-]*", stem):
+                self.classifier.default_nodes[name] = stem
+
+    def feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:
+        """Filter one buffer of whole lines; returns the kept lines, redacted."""
+        run = self.source(source)
+        self.bytes_in += len(buffer) if raw_bytes is None else raw_bytes
+        raw = run.stream.feed(buffer)
+        texts = run.redactor.redact_many([k.text for k in raw])
+        kept = [k if k.text is t else KeptLine(k.line_number, t, k.error_like, source)
+                for k, t in zip(raw, texts, strict=True)]
+        self._remember_tail(run, buffer)
+        if self.log_agent is not None and kept:
+            learned = self.log_agent.observe(self, kept)
+            if learned:
+                self.add_filter_rules(learned)
+        for line in kept:
+            self._classify(line)
+        self.compressed.add(kept)
+        return kept
+
+    def _remember_tail(self, run: SourceRun, buffer: bytes) -> None:
+        start = len(buffer) - 1
+        for _ in range(run.tail.maxlen or 8):
+            start = buffer.rfind(b"\n", 0, start)
+            if start < 0:
+                break
+        run.tail.extend(buffer[start + 1:].decode("utf-8", "replace").splitlines())
+
+    def _classify(self, line: KeptLine) -> None:
+        """Error lines go to the classifier; other kept lines only matter as chain markers."""
+        if not line.error_like:
+            if "above exception" in line.text:
+                self.classifier.feed(line)
+            return
+        self.classifier.feed(line)
+        if _TRACEBACK in line.text:
+            self._saw_traceback = True
+        elif _EXCEPTION_LINE.search(line.text):
+            self._last_exception = line
+
+    def add_filter_rules(self, rules: list[FilterRule]) -> None:
+        """New filter rules take effect on the running streams, from the next buffer on."""
+        self.learned.extend(rules)
+        self.filter_program = self.rulebook.extend(self.filter_program, rules)
+        for run in self.sources.values():
+            run.stream.set_program(self.filter_program)
+
+    # -- the verdict -------------------------------------------------------------------------
+    def finish(self) -> Diagnosis:
+        for run in self.sources.values():
+            run.progress.spikes.finish()
+        diagnosis = self._rule_diagnosis()
+        if self.failure_agent is not None and self._needs_agent(diagnosis):
+            better = self.failure_agent.diagnose(self, diagnosis)
+            if better is not None:
+                diagnosis = better
+        diagnosis.suggested_rules = [*self.suggested, *diagnosis.suggested_rules]
+        return diagnosis
+
+    @staticmethod
+    def _needs_agent(diagnosis: Diagnosis) -> bool:
+        root = diagnosis.root_cause
+        if diagnosis.status != JobStatus.FAILED.value:
+            return False
+        return root is None or root.reason == "unknown" or root.confidence < CONFIDENT
+
+    def primary_progress(self) -> SourceRun | None:
+        runs = [r for r in self.sources.values() if r.progress.points_seen]
+        return max(runs, key=lambda r: (r.progress.last_step or 0, r.progress.points_seen)) if runs else None
+
+    def _rule_diagnosis(self) -> Diagnosis:
+        root, others = choose_root_cause(self.classifier.found)
+        primary = self.primary_progress()
+        spike = primary.progress.spikes.failed if primary else None
+        diagnosis = Diagnosis(status=JobStatus.RUNNING.value, root_cause=None,
+                              action="none", mitigation="", progress=self.progress_summary(),
+                              compression=self.compression_summary(), filtered=self.filtered_summary())
+        diagnosis.other_errors = other_errors_view(others)
+        if root is not None:
+            view, action, nodes, mitigation = from_rule(root, others)
+            diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, action
+            diagnosis.suspect_nodes, diagnosis.mitigation = nodes, mitigation
+            if root.rule.reason == "loss_spike" and spike is not None:
+                diagnosis.rollback = from_spike(spike, list(primary.progress.checkpoints), primary.name)[2]
+            return diagnosis
+        if spike is not None:
+            view, mitigation, rollback = from_spike(spike, list(primary.progress.checkpoints), primary.name)
+            diagnosis.root_cause, diagnosis.action = view, "rollback_and_skip"
+            diagnosis.mitigation, diagnosis.rollback = mitigation, rollback
+            diagnosis.status = JobStatus.RUNNING.value if not self._saw_traceback else JobStatus.FAILED.value
+            return diagnosis
+        if self._saw_traceback or self._last_exception is not None:
+            return self._unknown_failure(diagnosis)
+        if self.completed():
+            diagnosis.status = JobStatus.HEALTHY.value
+            return diagnosis
+        hang = self._hang(primary)
+        if hang is not None:
+            diagnosis.status = JobStatus.STALLED.value
+            diagnosis.root_cause, diagnosis.mitigation = hang
+            diagnosis.action = "restart"
+        return diagnosis
+
+    def _unknown_failure(self, diagnosis: Diagnosis) -> Diagnosis:
+        diagnosis.status = JobStatus.FAILED.value
+        diagnosis.action, diagnosis.mitigation = nothing_found(JobStatus.FAILED)
+        line = self._last_exception
+        if line is not None:
+            diagnosis.root_cause = RootCauseView(
+                reason="unknown", category=None, origin="unknown", line=line.text,
+                line_number=line.line_number, file=line.source, rank=None, node=None,
+                confidence=0.0, source="unmatched")
+        return diagnosis
+
+    def completed(self) -> bool:
+        done = self.rulebook.completion_rule_ids
+        return any(rule_id in done for run in self.sources.values() for rule_id in run.stream.rule_stats())
+
+    def _hang(self, primary: SourceRun | None) -> tuple[RootCauseView, str] | None:
+        """Post-hoc hang: the log goes on (time stamps) long after the last progress line."""
+        if primary is None or primary.progress.last_line is None:
+            return None
+        line_number, text = primary.progress.last_line
+        clock = TimestampReader()
+        progress_at = clock.read(text)
+        ends_at = max((t for r in self.sources.values() for t in map(clock.read, r.tail) if t is not None),
+                      default=None)
+        if progress_at is None or ends_at is None:
+            return None
+        step_time = primary.progress.summary().get("last_step_time_s") or 0.0
+        threshold = max(HANG_FLOOR_S, HANG_STEP_FACTOR * float(step_time))
+        silent = ends_at - progress_at
+        if silent < threshold:
+            return None
+        return from_hang(text, line_number, primary.name, silent)
+
+    # -- summaries ---------------------------------------------------------------------------
+    def progress_summary(self) -> dict:
+        primary = self.primary_progress()
+        if primary is None:
+            return {"last_step": None, "last_loss": None}
+        summary = primary.progress.summary()
+        checkpoints = primary.progress.checkpoints
+        summary["last_checkpoint_step"] = checkpoints[-1].step if checkpoints else None
+        summary["points"] = primary.progress.points_seen
+        return summary
+
+    def compression_summary(self) -> dict:
+        lines_in = sum(r.stream.lines_in for r in self.sources.values())
+        kept = sum(r.stream.lines_kept for r in self.sources.values())
+        return {"lines_in": lines_in, "lines_kept": kept, "bytes_in": self.bytes_in,
+                "rules_learned": len(self.learned)}
+
+    def filtered_summary(self) -> list[dict]:
+        totals: dict[str, dict] = {}
+        for run in self.sources.values():
+            for rule_id, stats in run.stream.rule_stats().items():
+                entry = totals.setdefault(rule_id, {"rule": rule_id, "count": 0, "first_line": None,
+                                                    "last_line": None, "files": 0})
+                entry["count"] += stats.count
+                entry["files"] += 1
+                if entry["first_line"] is None or len(self.sources) == 1:
+                    entry["first_line"], entry["last_line"] = stats.first_line, stats.last_line
+        return sorted(totals.values(), key=lambda e: -e["count"])

@@ -1,0 +1,118 @@
+"""Settings from FAULTLINE_* environment variables or a config file; offline defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from service.errors import ConfigError
+
+PLACEHOLDER_TOKENS = frozenset({"", "changethis", "change-me", "changeme", "secret", "admin", "token", "test"})
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "faultline"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FAULTLINE_", env_ignore_empty=True, extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    """Where the SQLite file, the vector index and the sidecar's offsets live by default."""
+    database_url: str = ""
+    """SQLAlchemy URL; empty means a SQLite file in data_dir."""
+
+    llm_base_url: str = ""
+    """An OpenAI-compatible endpoint (vLLM, Ollama, llama.cpp, OpenAI); empty: embedded agents."""
+    llm_model: str = ""
+    llm_api_key: SecretStr = SecretStr("")
+    llm_timeout_s: float = 30.0
+    llm_max_retries: int = 2
+    llm_max_tokens: int = 1024
+
+    log_agent: bool = True
+    """Run the Log Agent (learn filter rules) during diagnose and compress."""
+    log_agent_votes: int = Field(default=5, ge=1, le=15)
+    failure_agent: bool = True
+    auto_accept_rules: bool = False
+    """Accept agent-suggested diagnosis rules without review (they are still validated)."""
+
+    admin_enabled: bool = True
+    admin_token: SecretStr = SecretStr("")
+
+    max_request_bytes: int = 2 << 30
+    max_gzip_ratio: int = 200
+    max_chunk_bytes: int = 64 << 20
+
+    webhook_url: str = ""
+    webhook_secret: SecretStr = SecretStr("")
+
+    hang_floor_s: float = 30 * 60
+    hang_step_factor: float = 20.0
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _ConfigFileSource(settings_cls), file_secret_settings
+
+    @field_validator("llm_base_url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError(f"FAULTLINE_LLM_BASE_URL must be an http(s) URL, got {value!r}")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> Settings:
+        if not self.database_url:
+            self.database_url = f"sqlite:///{self.data_dir / 'faultline.db'}"
+        if self.llm_base_url and not self.llm_model:
+            raise ValueError("FAULTLINE_LLM_MODEL must be set when FAULTLINE_LLM_BASE_URL is")
+        return self
+
+    @property
+    def llm_configured(self) -> bool:
+        return bool(self.llm_base_url)
+
+    def require_admin_token(self) -> None:
+        """The service refuses to start with admin enabled and no real token."""
+        if not self.admin_enabled:
+            return
+        token = self.admin_token.get_secret_value()
+        if token.strip().lower() in PLACEHOLDER_TOKENS or len(token) < 16:
+            raise ConfigError(
+                "FAULTLINE_ADMIN_TOKEN must be set to a secret of at least 16 characters "
+                "(or set FAULTLINE_ADMIN_ENABLED=false)")
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    """FAULTLINE_CONFIG names a TOML file with the same keys (without the prefix)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get("FAULTLINE_CONFIG")
+        if not path:
+            return {}
+        import tomllib
+
+        try:
+            with open(path, "rb") as handle:
+                data = tomllib.load(handle)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read FAULTLINE_CONFIG {path!r}: {exc}") from None
+        return {k: v for k, v in data.items() if k in Settings.model_fields}
+
+
+def load_settings(**overrides: Any) -> Settings:
+    try:
+        return Settings(**overrides)
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[-1] if str(exc) else "invalid settings") from None
