@@ -35,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--job-name", default="", metavar="N", help="job name (finds rules learned for its family)")
     p.add_argument("--framework", default=None, metavar="F", help="framework, to use only its rule packs")
 
+    p = sub.add_parser("serve", help="run the HTTP service")
+    p.add_argument("--host", default="127.0.0.1", metavar="H")
+    p.add_argument("--port", type=int, default=8080, metavar="P")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (uvicorn)")
+
     p = sub.add_parser("compress", help="print the kept lines of a log and what was filtered")
     p.add_argument("path", metavar="PATH")
     p.add_argument("--json", action="store_true")
@@ -162,9 +167,26 @@ def _usage(message: str) -> FaultlineError:
     return BadInput(message)
 
 
+def cmd_serve(args: argparse.Namespace, _out: TextIO) -> int:
+    import uvicorn
+
+    settings = load_settings()
+    settings.require_admin_token()
+    if args.workers > 1:
+        # each worker builds its own app from the same environment
+        uvicorn.run("service.app:create_app", factory=True, host=args.host, port=args.port,
+                    workers=args.workers, log_level="info")
+    else:
+        from service.app import create_app
+
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    return EXIT_OK
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "diagnose": cmd_diagnose,
     "compress": cmd_compress,
+    "serve": cmd_serve,
 }
 
 

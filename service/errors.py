@@ -38,3 +38,7 @@ class Unprocessable(FaultlineError):
 
 class ConfigError(FaultlineError):
     """A setting is missing or unsafe; the service refuses to start."""
+
+
+class UnsupportedMediaType(FaultlineError):
+    status_code = 415

@@ -1,0 +1,53 @@
+"""The FastAPI application: create_app(settings) builds everything in its lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.context import Context
+from service.errors import FaultlineError
+from service.routes import diagnose, health, jobs
+from service.settings import Settings, load_settings
+
+
+def _error(status: int, message: str, **extra: object) -> JSONResponse:
+    return JSONResponse({"error": message, "status": status, **extra}, status_code=status)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or load_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx = Context.build(settings)
+        app.state.ctx = ctx
+        try:
+            yield
+        finally:
+            ctx.close()
+
+    app = FastAPI(title="Faultline", version="0.1.0", lifespan=lifespan,
+                  description="Diagnoses why a large-model training job failed, from its logs.")
+
+    @app.exception_handler(FaultlineError)
+    async def _faultline_error(_request: Request, exc: FaultlineError) -> JSONResponse:
+        return _error(exc.status_code, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return _error(422, "; ".join(problems) or "invalid request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
+    for module in (health, diagnose, jobs):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,24 @@
+"""Request dependencies as Annotated aliases, so routes read like typed functions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from service.context import Context
+
+
+def get_context(request: Request) -> Context:
+    return request.app.state.ctx
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with request.app.state.ctx.db.session() as session:
+        yield session
+
+
+ContextDep = Annotated[Context, Depends(get_context)]
+SessionDep = Annotated[Session, Depends(get_session)]
