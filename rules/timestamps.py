@@ -2,7 +2,7 @@
 
 Formats seen in training logs: ISO dates (`2023-07-10 14:26:28,977`, `[2024-04-18 10:46:28,089]`,
 `2024-02-27T21:35:32.106313Z`, Slurm's `2024-04-20T09:09:37`, torchrun's box
-`2024-09-11_09:17:37`) and glog headers without a year (`[E1206 18:44:12.715298746 ...]`,
+`2024-09-11_09:17:37`) and glog headers without a year, month not always zero-padded (`[E1206 18:44:12.715298746 ...]`, `[E817 ...]`,
 `W0227 17:39:41.936000 293817 ...`). Lines without a year get the year of the last full
 date seen, so a job's stamps stay comparable with one another.
 """
@@ -15,7 +15,7 @@ import re
 _ISO = re.compile(
     r"(?<!\d)(\d{4})-(\d\d)-(\d\d)[T _](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?"
 )
-_GLOG = re.compile(r"(?:^|[\[\s:])[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
+_GLOG = re.compile(r"(?:^|[\[\s:])[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
 
 
 def _fraction(digits: str | None) -> float:

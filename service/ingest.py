@@ -19,7 +19,8 @@ MAX_LINE_BYTES = 1 << 20
 MAX_GZIP_RATIO = 200
 """Real logs compress 10-30x; 200x and beyond is a bomb, not a log."""
 BINARY_SAMPLE = 8192
-BINARY_NUL_SHARE = 0.01
+BINARY_CONTROL_SHARE = 0.05
+BINARY_INVALID_SHARE = 0.3
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -70,10 +71,20 @@ class GzipDecoder:
             raise BadInput("truncated gzip data")
 
 
+_CONTROL = bytes(c for c in range(32) if c not in b"\t\n\r\x0b\x0c\x08\x1b") + b"\x7f"
+
+
 def looks_binary(sample: bytes) -> bool:
-    """NUL bytes do not occur in text logs; a few percent of them means binary data."""
+    """Text logs hold few control bytes (ANSI colours and tabs aside) and decode mostly as
+    UTF-8 or Latin-1 text; random or compressed data does neither."""
     head = sample[:BINARY_SAMPLE]
-    return bool(head) and head.count(b"\x00") > BINARY_NUL_SHARE * len(head)
+    if not head:
+        return False
+    controls = len(head) - len(head.translate(None, _CONTROL))
+    if controls > BINARY_CONTROL_SHARE * len(head):
+        return True
+    undecodable = head.decode("utf-8", "replace").count("\ufffd")
+    return undecodable > BINARY_INVALID_SHARE * len(head)
 
 
 class LineSplitter:

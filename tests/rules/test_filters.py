@@ -1,0 +1,200 @@
+"""The filter engine against a plain reference: Python `re`, one line at a time."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rules.envelope import ENVELOPE_PATTERN
+from rules.filters import FilterCompileError, FilterProgram, FilterStream
+from rules.guard import ErrorGuard
+from rules.model import FilterRule
+from rules.progress import ProgressTracker
+
+GUARD = ErrorGuard()
+
+# Disjoint rules, so attribution is unambiguous and must be exact.
+RULES = [
+    FilterRule("nccl.info", r"[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO .*"),
+    FilterRule("megatron.iteration",
+               r" ?(?:\[[\d :-]+\] )?iteration +(?P<step>\d+)/ *\d+ \|.*lm loss: (?P<loss>[\d.E+-]+) \|.*"),
+    FilterRule("megatron.timers-header", r"\(min, max\) time across ranks \(ms\):"),
+    FilterRule("megatron.timer", r" {4}[\w-]+ \.+: \([\d.]+, [\d.]+\)"),
+    FilterRule("checkpoint.saved", r"  successfully saved checkpoint from iteration +(?P<checkpoint_step>\d+) to \S+.*"),
+]
+
+
+def line_for(kind: str, rnd: random.Random, step: int) -> str:
+    rank = rnd.randrange(8)
+    if kind == "nccl":
+        return f"[default{rank}]:node-{rnd.randrange(4)}:{1000 + rank}:{2000 + rank} [{rank}] NCCL INFO Channel {rnd.randrange(32):02d}/32 :    0   1"
+    if kind == "iter":
+        return (f"[default7]: [2025-03-31 05:54:07] iteration {step:8d}/  242204 | consumed samples: {step * 8:12d} | "
+                f"lm loss: {2 + rnd.random():.6E} | grad norm: {rnd.random():.3f} |")
+    if kind == "header":
+        return "[default0]:(min, max) time across ranks (ms):"
+    if kind == "timer":
+        name = rnd.choice(["forward-backward", "optimizer", "batch-generator"])
+        return f"[default0]:    {name} {'.' * (48 - len(name))}: ({rnd.random() * 100:.2f}, {rnd.random() * 100:.2f})"
+    if kind == "ckpt":
+        return f"[default0]:  successfully saved checkpoint from iteration {step:7d} to /ckpt/run [ t 1/1, p 1/1 ]"
+    if kind == "error":
+        return f"[default{rank}]:[rank{rank}]: RuntimeError: CUDA error: an illegal memory access was encountered"
+    if kind == "error_in_rule":  # matches the NCCL rule, but is an error: must be kept
+        return f"[default{rank}]:node-1:1001:2001 [{rank}] NCCL INFO NET/IB : Got completion with error 12, opcode 0"
+    return f"[default{rank}]:some unknown chatter {rnd.randrange(10**6)} from module {rnd.choice('abcdef')}"
+
+
+def make_log(seed: int, steps: int = 300) -> list[str]:
+    """Periodic step blocks with bursts, unknown lines and errors in between."""
+    rnd = random.Random(seed)
+    lines: list[str] = []
+    timers = rnd.randint(1, 5)
+    for step in range(1, steps + 1):
+        lines.append(line_for("iter", rnd, step))
+        lines.append(line_for("header", rnd, step))
+        lines.extend(line_for("timer", rnd, step) for _ in range(timers))
+        roll = rnd.random()
+        if roll < 0.05:
+            lines.extend(line_for("nccl", rnd, step) for _ in range(rnd.randint(1, 40)))
+        elif roll < 0.08:
+            lines.append(line_for(rnd.choice(["error", "error_in_rule", "unknown"]), rnd, step))
+        elif roll < 0.1:
+            lines.append(line_for("ckpt", rnd, step))
+    return lines
+
+
+def reference(lines: list[str]) -> tuple[list[int], dict[str, tuple[int, int, int]]]:
+    """(kept line numbers, {rule: (count, first, last)}) computed the slow, obvious way."""
+    compiled = [(r.id, re.compile(f"{ENVELOPE_PATTERN}(?:{r.pattern})")) for r in RULES]
+    kept: list[int] = []
+    stats: dict[str, tuple[int, int, int]] = {}
+    for number, line in enumerate(lines, 1):
+        if GUARD.is_error_like(line):
+            kept.append(number)
+            continue
+        rule = next((rid for rid, rx in compiled if rx.fullmatch(line)), None)
+        if rule is None:
+            kept.append(number)
+            continue
+        count, first, _ = stats.get(rule, (0, number, number))
+        stats[rule] = (count + 1, first, number)
+    return kept, stats
+
+
+def run_engine(lines: list[str], cuts: list[int], rules=RULES):
+    data = ("\n".join(lines) + "\n").encode()
+    tracker = ProgressTracker()
+    stream = FilterStream(FilterProgram(rules, GUARD), on_progress=tracker.observe)
+    kept = []
+    bounds = sorted({0, len(data), *(data.rfind(b"\n", 0, c) + 1 for c in cuts)})
+    for start, stop in zip(bounds, bounds[1:], strict=False):
+        if start < stop:
+            kept.extend(stream.feed(data[start:stop]))
+    return kept, stream, tracker
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_engine_matches_reference_exactly(seed: int) -> None:
+    lines = make_log(seed)
+    rnd = random.Random(seed)
+    cuts = [rnd.randrange(1, 200_000) for _ in range(rnd.randint(0, 8))]
+    kept, stream, _ = run_engine(lines, cuts)
+    want_kept, want_stats = reference(lines)
+    assert [k.line_number for k in kept] == want_kept
+    assert [k.text for k in kept] == [lines[n - 1] for n in want_kept]
+    got = {rid: (s.count, s.first_line, s.last_line) for rid, s in stream.rule_stats().items()}
+    assert got == want_stats
+    assert stream.lines_in == len(lines)
+
+
+@settings(max_examples=40, deadline=None)
+@given(kinds=st.lists(st.sampled_from(["nccl", "iter", "header", "timer", "ckpt", "error", "error_in_rule", "unknown"]),
+                      min_size=1, max_size=120),
+       cuts=st.lists(st.integers(min_value=1, max_value=20_000), max_size=5))
+def test_any_sequence_any_buffer_split(kinds: list[str], cuts: list[int]) -> None:
+    rnd = random.Random(len(kinds))
+    lines = [line_for(kind, rnd, i) for i, kind in enumerate(kinds, 1)]
+    kept, stream, _ = run_engine(lines, cuts)
+    want_kept, want_stats = reference(lines)
+    assert [k.line_number for k in kept] == want_kept
+    got = {rid: (s.count, s.first_line, s.last_line) for rid, s in stream.rule_stats().items()}
+    assert got == want_stats
+
+
+def test_error_like_line_is_never_dropped_even_when_a_rule_matches_it() -> None:
+    lines = ["[default0]:node-1:1:1 [0] NCCL INFO Bootstrap : Using ib0",
+             "[default0]:node-1:1:1 [0] NCCL INFO NET/IB : Got completion from peer 10.0.0.2 with error 12",
+             "[default0]:node-1:1:1 [0] NCCL INFO Connected all rings"]
+    kept, stream, _ = run_engine(lines, [])
+    assert [k.line_number for k in kept] == [2]
+    assert kept[0].error_like
+    assert stream.rule_stats()["nccl.info"].count == 2
+
+
+def test_a_rule_written_to_drop_everything_still_keeps_errors() -> None:
+    lines = ["step 1 ok", "Traceback (most recent call last):", '  File "train.py", line 3, in <module>',
+             "KeyError: 'lr'", "step 2 ok"]
+    kept, stream, _ = run_engine(lines, [], rules=[FilterRule("everything", ".*", trusted=False)])
+    assert [k.text for k in kept] == lines[1:4]
+    assert stream.rule_stats()["everything"].count == 2
+
+
+def test_progress_fields_are_read_from_dropped_lines() -> None:
+    lines = make_log(3, steps=200)
+    _, _, tracker = run_engine(lines, [50_000])
+    curve = tracker.curve()
+    assert [p.step for p in curve] == list(range(1, 201))
+    assert all(2.0 <= p.loss < 3.0 for p in curve)
+    iteration_lines = [n for n, line in enumerate(lines, 1) if "] iteration " in line]
+    assert [p.line_number for p in curve] == iteration_lines
+    saved = [c.step for c in tracker.checkpoints]
+    assert saved == [int(line.split("iteration")[1].split()[0]) for line in lines if "saved checkpoint" in line]
+
+
+def test_memory_of_the_stream_does_not_grow_with_the_log() -> None:
+    """Block programs and per-rule state are bounded; the stream keeps no lines."""
+    lines = make_log(1, steps=2000)
+    data = ("\n".join(lines) + "\n").encode()
+    stream = FilterStream(FilterProgram(RULES, GUARD))
+    for _ in range(5):
+        stream.feed(data)
+    assert len(stream._blocks) <= 64
+    assert not hasattr(stream, "kept")
+
+
+def test_catastrophic_pattern_is_linear_under_re2() -> None:
+    """`(a+)+$` backtracks exponentially in Python `re`; RE2 runs it in linear time."""
+    rule = FilterRule("evil", r"(a+)+$", trusted=False)
+    stream = FilterStream(FilterProgram([rule], GUARD))
+    data = (("a" * 5000 + "!\n") * 200).encode()
+    kept = stream.feed(data)  # pytest-timeout fails the test if this hangs
+    assert len(kept) == 200
+
+
+def test_unknown_progress_field_is_refused() -> None:
+    with pytest.raises(FilterCompileError):
+        FilterProgram([FilterRule("bad", r"step (?P<password>\d+)")], GUARD)
+
+
+def test_invalid_pattern_is_refused_with_its_text() -> None:
+    with pytest.raises(FilterCompileError, match="cannot compile"):
+        FilterProgram([FilterRule("bad", r"(unclosed")], GUARD)
+
+
+def test_program_swap_keeps_statistics_by_rule_id() -> None:
+    lines = make_log(2, steps=50)
+    data = ("\n".join(lines) + "\n").encode()
+    program = FilterProgram(RULES[:2], GUARD)
+    stream = FilterStream(program)
+    stream.feed(data)
+    first = stream.rule_stats()["megatron.iteration"].count
+    stream.set_program(FilterProgram(RULES, GUARD))
+    stream.feed(data)
+    stats = stream.rule_stats()
+    assert stats["megatron.iteration"].count == 2 * first
+    assert stats["megatron.timer"].first_line > len(lines)

@@ -1,0 +1,84 @@
+"""Streaming ingest: gzip, bombs, binary input, long lines, carriage returns."""
+
+from __future__ import annotations
+
+import gzip
+import io
+
+import pytest
+
+from service.errors import BadInput, PayloadTooLarge
+from service.ingest import GzipDecoder, IngestCounters, LineSplitter, iter_line_buffers
+
+
+def chunks(data: bytes, size: int) -> list[bytes]:
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096, 1 << 20])
+def test_lines_come_out_whole_whatever_the_chunking(size: int) -> None:
+    data = b"".join(b"line %d with text\n" % i for i in range(5000)) + b"last line without newline"
+    out = b"".join(iter_line_buffers(chunks(data, size)))
+    assert out == data + b"\n"
+    assert all(buf.endswith(b"\n") for buf in iter_line_buffers(chunks(data, size)))
+
+
+def test_gzip_is_detected_and_decoded_including_concatenated_members() -> None:
+    plain = b"".join(b"rank %d ok\n" % i for i in range(10000))
+    packed = gzip.compress(plain[:50000]) + gzip.compress(plain[50000:])
+    assert b"".join(iter_line_buffers(chunks(packed, 999))) == plain
+
+
+def test_a_gzip_bomb_is_refused_before_it_expands_in_memory() -> None:
+    bomb = gzip.compress(b"\0" * (50 << 20) + b"A" * (50 << 20))
+    decoder = GzipDecoder(max_ratio=200)
+    with pytest.raises(PayloadTooLarge, match="expands more than 200x"):
+        for piece in decoder.feed(bomb):
+            assert len(piece) <= 8 << 20  # never a huge buffer at once
+
+
+def test_truncated_and_invalid_gzip_are_clear_errors() -> None:
+    packed = gzip.compress(b"hello\n" * 1000)
+    with pytest.raises(BadInput, match="truncated gzip"):
+        list(iter_line_buffers([packed[: len(packed) // 2]], gzip=True))
+    with pytest.raises(BadInput, match="invalid gzip"):
+        list(iter_line_buffers([b"\x1f\x8bnot gzip at all" * 10]))
+
+
+def test_binary_input_is_refused() -> None:
+    with pytest.raises(BadInput, match="binary"):
+        list(iter_line_buffers([bytes(range(256)) * 64]))
+
+
+def test_non_utf8_text_passes_through() -> None:
+    data = "rank 0: température élevée\n".encode("latin-1") + b"\xff\xfe ok\n"
+    assert b"".join(iter_line_buffers([data])) == data
+
+
+def test_a_10mb_single_line_is_cut_and_memory_stays_bounded() -> None:
+    counters = IngestCounters()
+    splitter = LineSplitter(max_line=1 << 20, counters=counters)
+    out = [splitter.feed(b"x" * (1 << 20)) for _ in range(10)]
+    out.append(splitter.feed(b"tail of the giant line\nnext line\n"))
+    assert len(splitter._tail) == 0
+    lines = b"".join(out).split(b"\n")
+    assert lines[0] == b"x" * (1 << 20)
+    assert lines[1] == b"next line"
+    assert counters.lines_cut == 1
+
+
+def test_carriage_returns_become_line_ends() -> None:
+    data = b"epoch 1\r\n  9%|#  | 250/2724\r 10%|#  | 251/2724\rdone\n"
+    assert b"".join(iter_line_buffers([data])) == b"epoch 1\n  9%|#  | 250/2724\n 10%|#  | 251/2724\ndone\n"
+
+
+def test_the_byte_limit_is_enforced_while_streaming() -> None:
+    with pytest.raises(PayloadTooLarge):
+        list(iter_line_buffers(chunks(b"a line\n" * 100000, 4096), max_bytes=100_000))
+
+
+def test_reading_a_gzip_file_object_end_to_end() -> None:
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb") as handle:
+        handle.write(b"first\nsecond\n")
+    assert b"".join(iter_line_buffers([buf.getvalue()])) == b"first\nsecond\n"

@@ -1,0 +1,44 @@
+"""Secrets never reach storage or an LLM."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.redact import MASK, Redactor, redact_text
+
+SECRETS = [
+    ("export HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789", "hf_abcdefghijklmnopqrstuvwxyz0123456789"),
+    ("AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE"),
+    ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+    ("OPENAI_API_KEY=sk-proj-abcdefghijklmnopqrstuvwxyz012345", "sk-proj-abcdefghijklmnopqrstuvwxyz012345"),
+    ("curl -H 'Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N'", "dozjgNryP4J3jVmNHl0w5N"),
+    ("Loading from s3://ckpt:Sup3rS3cret!@minio.internal:9000/bucket", "Sup3rS3cret!"),
+    ("DATABASE_URL=postgresql://faultline:pg-pass-123@db:5432/faultline", "pg-pass-123"),
+    ("git clone https://oauth2:glpat-xxxxxxxxxxxxxxxxxxxx@gitlab.example.com/team/repo.git", "glpat-xxxxxxxxxxxxxxxxxxxx"),
+    ("  password ........................................ hunter2hunter2", "hunter2hunter2"),
+    ("wandb: W&B API key is configured. token ghp_abcdefghijklmnopqrstuvwxyz0123456789", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
+]
+
+
+@pytest.mark.parametrize(("line", "secret"), SECRETS)
+def test_secret_is_gone(line: str, secret: str) -> None:
+    out = Redactor().redact(line)
+    assert secret not in out and MASK in out
+    assert Redactor().redact_many(["ok", line, "ok"])[1] == out
+
+
+def test_private_key_blocks_are_redacted_across_lines() -> None:
+    text = "before\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\nAAAEbm9uZQ\n-----END OPENSSH PRIVATE KEY-----\nafter"
+    out = redact_text(text)
+    assert "b3BlbnNzaC1rZXktdjEAAAAA" not in out and "AAAEbm9uZQ" not in out
+    assert out.splitlines()[0] == "before" and out.splitlines()[-1] == "after"
+
+
+@pytest.mark.parametrize("line", [
+    "[default7]: iteration 50/ 242204 | consumed tokens:  20155564032 | lm loss: 6.258318E+00 |",
+    "2023-07-10 14:26:28,977\tINFO train.py:317 -- tflops=188.0,step=36,loss=5.45,tgs (tokens/gpu/second)=4233.73",
+    "[rank3]: KeyError: 'token'",
+    "NCCL INFO Bootstrap : Using ibp12s0:10.149.0.32<0>",
+])
+def test_ordinary_lines_are_left_alone(line: str) -> None:
+    assert Redactor().redact(line) == line
