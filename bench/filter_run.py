@@ -1,0 +1,60 @@
+"""Filter one file (or a byte range of it) with the built-in rules, on one core, and print
+figures as JSON. Run as a child process by bench/filter_bench.py so its peak RSS is its own."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+from rules.filters import FilterProgram, FilterStream
+from rules.guard import ErrorGuard
+from rules.packs import builtin_filter_rules
+from rules.progress import ProgressTracker
+from service.ingest import CHUNK_BYTES
+
+
+def run(path: str, start: int, stop: int | None) -> dict:
+    program = FilterProgram(builtin_filter_rules(), ErrorGuard())
+    tracker = ProgressTracker()
+    stream = FilterStream(program, on_progress=tracker.observe)
+    kept = error_like = 0
+    began = time.perf_counter()
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        remaining = None if stop is None else stop - start
+        tail = b""
+        while remaining is None or remaining > 0:
+            chunk = handle.read(CHUNK_BYTES if remaining is None else min(CHUNK_BYTES, remaining))
+            if not chunk:
+                break
+            if remaining is not None:
+                remaining -= len(chunk)
+            data = tail + chunk
+            cut = data.rfind(b"\n") + 1
+            tail = data[cut:]
+            for line in stream.feed(data[:cut]):
+                kept += 1
+                error_like += line.error_like
+        if tail:
+            kept += len(stream.feed(tail + b"\n"))
+    seconds = time.perf_counter() - began
+    return {
+        "seconds": seconds, "bytes": stream.bytes_in, "lines": stream.lines_in, "kept": kept,
+        "error_like_kept": error_like, "progress_points": tracker.points_seen, "last_step": tracker.last_step,
+        "rules": len(program.rules), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("path")
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--stop", type=int, default=None)
+    args = parser.parse_args()
+    print(json.dumps(run(args.path, args.start, args.stop)))
+
+
+if __name__ == "__main__":
+    main()
