@@ -37,7 +37,14 @@ class Context:
         db = Database(settings.database_url)
         db.create_schema()
         rulebook = Rulebook(source=store.RuleStore(db))
-        return cls(settings=settings, db=db, rulebook=rulebook)
+        ctx = cls(settings=settings, db=db, rulebook=rulebook)
+        if settings.log_agent:
+            from service.learned_rules import build_log_agent
+
+            agent, closers = build_log_agent(settings, db, rulebook)
+            ctx.log_agent_factory = agent.for_job
+            ctx.closers.extend(closers)
+        return ctx
 
     def log_agent(self, meta: JobMeta) -> LogAgentHook | None:
         if not self.settings.log_agent or self.log_agent_factory is None:

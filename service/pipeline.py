@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from rules.classifier import Classifier
+from rules.family import job_family
 from rules.model import FilterRule, KeptLine
 from rules.progress import ProgressTracker
 from rules.rootcause import choose_root_cause
@@ -38,6 +39,7 @@ HANG_FLOOR_S = 30 * 60
 HANG_STEP_FACTOR = 20
 COMPRESSED_HEAD_LINES = 2_000
 COMPRESSED_TAIL_LINES = 20_000
+FORWARDED_TRACKED = 100_000
 _EXCEPTION_LINE = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ")
 _TRACEBACK = "Traceback (most recent call last)"
 
@@ -48,10 +50,22 @@ class JobMeta:
     framework: str | None = None
     tags: tuple[str, ...] = ()
 
+    @property
+    def family(self) -> str:
+        """The job's family: a `family:<x>` tag, else its name without run ids and dates."""
+        for tag in self.tags:
+            if tag.startswith("family:") and tag[7:].strip():
+                return tag[7:].strip().lower()
+        return job_family(self.name)
+
 
 class LogAgentHook(Protocol):
     def observe(self, run: JobRun, kept: list[KeptLine]) -> list[FilterRule]:
-        """See kept lines; return filter rules accepted for this job (may be empty)."""
+        """See kept lines; return filter rules accepted for this job (may be empty).
+        May call `run.forward_error_lines()` for lines it judges error-like."""
+
+    def finish(self, run: JobRun) -> list[FilterRule]:
+        """The log ended: learn from what is left; rules returned count as learned."""
 
 
 class FailureAgentHook(Protocol):
@@ -97,7 +111,7 @@ class JobRun:
                  log_agent: LogAgentHook | None = None, failure_agent: FailureAgentHook | None = None):
         self.rulebook = rulebook
         self.meta = meta
-        self.filter_program = rulebook.filter_program(meta.framework, meta.name)
+        self.filter_program = rulebook.filter_program(meta.framework, meta.name, family=meta.family)
         self.classifier = Classifier(rulebook.diagnosis_program)
         self.sources: dict[str, SourceRun] = {}
         self.compressed = CompressedLog()
@@ -108,6 +122,9 @@ class JobRun:
         self.bytes_in = 0
         self._last_exception: KeptLine | None = None
         self._saw_traceback = False
+        self._batch: set[tuple[str, int]] = set()
+        self._flagged: set[tuple[str, int]] = set()
+        self._forwarded: set[tuple[str, int]] = set()
 
     # -- feeding -----------------------------------------------------------------------------
     def source(self, name: str) -> SourceRun:
@@ -137,9 +154,15 @@ class JobRun:
                 for k, t in zip(raw, texts, strict=True)]
         self._remember_tail(run, buffer)
         if self.log_agent is not None and kept:
+            self._batch = {(k.source, k.line_number) for k in kept}
             learned = self.log_agent.observe(self, kept)
             if learned:
                 self.add_filter_rules(learned)
+            if self._flagged:
+                kept = [replace(k, error_like=True) if (k.source, k.line_number) in self._flagged else k
+                        for k in kept]
+                self._flagged.clear()
+            self._batch = set()
         for line in kept:
             self._classify(line)
         self.compressed.add(kept)
@@ -165,6 +188,20 @@ class JobRun:
         elif _EXCEPTION_LINE.search(line.text):
             self._last_exception = line
 
+    def forward_error_lines(self, lines: Iterable[KeptLine]) -> None:
+        """Lines the Log Agent judges error-like go to the classifier: those of the buffer being
+        fed in their place, earlier ones at once."""
+        for line in lines:
+            key = (line.source, line.line_number)
+            if line.error_like or key in self._forwarded:
+                continue
+            if len(self._forwarded) < FORWARDED_TRACKED:
+                self._forwarded.add(key)
+            if key in self._batch:
+                self._flagged.add(key)
+            else:
+                self._classify(replace(line, error_like=True))
+
     def add_filter_rules(self, rules: list[FilterRule]) -> None:
         """New filter rules take effect on the running streams, from the next buffer on."""
         self.learned.extend(rules)
@@ -174,6 +211,8 @@ class JobRun:
 
     # -- the verdict -------------------------------------------------------------------------
     def finish(self) -> Diagnosis:
+        if self.log_agent is not None:
+            self.learned.extend(self.log_agent.finish(self))
         for run in self.sources.values():
             run.progress.spikes.finish()
         diagnosis = self._rule_diagnosis()

@@ -73,8 +73,11 @@ class Rulebook:
     def version(self) -> int:
         return self._version
 
-    def filter_program(self, framework: str | None = None, job_name: str = "") -> FilterProgram:
-        family = job_family(job_name)
+    def filter_program(self, framework: str | None = None, job_name: str = "", *,
+                       family: str | None = None) -> FilterProgram:
+        """The rules in force for a job: built-in and learned, of its framework and family
+        (`family` overrides the one derived from the job name)."""
+        family = job_family(job_name) if family is None else family
         key = (framework, family)
         with self._lock:
             program = self._programs.get(key)

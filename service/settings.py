@@ -38,6 +38,21 @@ class Settings(BaseSettings):
     log_agent: bool = True
     """Run the Log Agent (learn filter rules) during diagnose and compress."""
     log_agent_votes: int = Field(default=5, ge=1, le=15)
+    """K: independent proposals per segment (self-consistency)."""
+    log_agent_agreement: float = Field(default=0.5, gt=0.0, le=1.0)
+    """A proposal wins with more than this share of the K votes."""
+    log_agent_segment_lines: int = Field(default=256, ge=8)
+    log_agent_segment_bytes: int = Field(default=64 << 10, ge=1024)
+    log_agent_segment_seconds: float = Field(default=30.0, gt=0.0)
+    """Live jobs: a segment closes when its oldest line is this old."""
+    log_agent_min_support: int = Field(default=3, ge=1)
+    log_agent_max_rules: int = Field(default=100, ge=1)
+    """Rules one job may learn."""
+    log_agent_temperature: float = Field(default=0.7, ge=0.0, le=2.0)
+    log_agent_prompt_tokens: int = Field(default=3000, ge=100)
+    """Token budget for the log lines of one segment in an LLM prompt."""
+    log_agent_max_llm_calls: int = Field(default=60, ge=1)
+    """LLM calls per job; past it the embedded miner takes over."""
     failure_agent: bool = True
     auto_accept_rules: bool = False
     """Accept agent-suggested diagnosis rules without review (they are still validated)."""
