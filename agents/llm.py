@@ -14,10 +14,12 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-import openai
 from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:
+    import openai
 
 T = TypeVar("T", bound=BaseModel)
 CHARS_PER_TOKEN = 4
@@ -70,6 +72,8 @@ class OpenAIBackend:
         self.completion_tokens = 0
 
     def complete(self, messages: Sequence[Message], *, temperature: float = 0.0, max_tokens: int = 512) -> str:
+        import openai  # imported here: 0.8 s that commands without an LLM should not pay
+
         payload = [{"role": m.role, "content": m.content} for m in messages]
         last_error = ""
         for attempt in range(self.max_retries + 1):
@@ -107,6 +111,8 @@ class OpenAIBackend:
 
 def make_backend(base_url: str, model: str, api_key: str = "", *, timeout_s: float = 30.0,
                  max_retries: int = 2) -> OpenAIBackend:
+    import openai
+
     # the client's own retries are off: ours count attempts and back off the same way for every error
     client = openai.OpenAI(base_url=base_url, api_key=api_key or "not-needed", timeout=timeout_s, max_retries=0)
     return OpenAIBackend(client, model, max_retries=max_retries)

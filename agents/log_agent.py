@@ -38,7 +38,6 @@ from agents.templates import mask, messages_of
 from agents.validation import Validation, Validator, load_error_corpus
 from agents.voting import Candidate, Decision, Proposal, quorum_for, vote
 from agents.samples import HELD_OUT_HEALTHY
-from rules.envelope import split_envelope
 from rules.filters import FilterCompileError, FilterProgram
 from rules.guard import ErrorGuard
 from rules.model import FilterRule, KeptLine, RuleStatus
@@ -58,8 +57,25 @@ ALERT_WORDS = re.compile(
 SHAPES_TRACKED = 4096
 RECENT_ERRORS = 256
 CONTEXT_TRACKED = 65536
-# A continuation of the line before: an indented traceback code line, a `/job:...` task list.
-CONTINUATION = re.compile(r"^(?:\s|/|\.\.\.|\^|~)")
+# A continuation of the error line before it, once the prefix both share is set aside: an
+# indented traceback code line, a `/job:...` task list, a `^~~~` marker.
+CONTINUATION = re.compile(r"^(?:/|\.\.\.|\^|~)")
+
+
+def continues(line: str, previous: str) -> bool:
+    """Whether `line` continues `previous` (an error line): after the prefix both share
+    (a pod or host prefix, taken back to a token boundary), it is indented deeper than the
+    error line, or starts like a continuation (`/job:...`, `^~~`, `...`)."""
+    n, limit = 0, min(len(line), len(previous))
+    while n < limit and line[n] == previous[n]:
+        n += 1
+    while n > 0 and line[n - 1].isspace():
+        n -= 1
+    while n > 0 and not (line[n - 1].isspace() or line[n - 1] in "]:|"):
+        n -= 1
+    rest, before = line[n:], previous[n:]
+    indent = len(rest) - len(rest.lstrip())
+    return indent > len(before) - len(before.lstrip()) or bool(CONTINUATION.match(rest.lstrip()))
 
 
 @dataclass
@@ -171,7 +187,7 @@ class JobLogAgent:
         self._ids: set[str] = set()
         self._context: set[tuple[str, int]] = set()
         """Lines that continue an error (traceback code lines): never mined, never filtered."""
-        self._last_error: dict[str, int] = {}
+        self._last_error: dict[str, tuple[int, str]] = {}
 
     # -- the hook ----------------------------------------------------------------------------
     def observe(self, run: JobRun, kept: list[KeptLine]) -> list[FilterRule]:
@@ -208,14 +224,14 @@ class JobLogAgent:
         for line in kept:
             if line.error_like:
                 self._recent_errors.append(line.text)
-                self._last_error[line.source] = line.line_number
+                self._last_error[line.source] = (line.line_number, line.text)
                 continue
-            if self._last_error.get(line.source) == line.line_number - 1 and \
-                    CONTINUATION.match(split_envelope(line.text).message):
+            number, previous = self._last_error.get(line.source, (0, ""))
+            if number == line.line_number - 1 and continues(line.text, previous):
                 # a traceback's code line, a task list: part of the error above it
                 if len(self._context) < CONTEXT_TRACKED:
                     self._context.add((line.source, line.line_number))
-                self._last_error[line.source] = line.line_number
+                self._last_error[line.source] = (line.line_number, previous)
                 continue
             if ALERT_WORDS.search(line.text) and self._shape_count(line, add=True) < self.config.min_support:
                 forward.append(line)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 import re
+from functools import lru_cache
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,8 +52,9 @@ class VarType:
 _NUM_OUT = r"[+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?"
 # Order matters: the first type that matches at a position wins.
 VAR_TYPES: tuple[VarType, ...] = (
-    VarType("ts", r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?",
-            r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"),
+    # no type may match whitespace: a message is masked in one pass, then split into tokens
+    VarType("ts", r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?",
+            r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"),
     VarType("date", r"\d{4}[-/]\d\d[-/]\d\d", r"\d{4}[-/]\d\d[-/]\d\d"),
     VarType("time", r"\d\d:\d\d:\d\d(?:[.,]\d+)?", r"\d\d:\d\d:\d\d(?:[.,]\d+)?"),
     VarType("ip", r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?(?![\w.])",
@@ -127,21 +129,29 @@ def mask(message: str) -> str:
     return _MASK_RE.sub(lambda m: f"{_OPEN}{m.lastgroup}{_CLOSE}", message)
 
 
-def _split_masked(message: str) -> tuple[list[str], list[str], list[str]]:
-    """Masked whitespace tokens of a message, its raw tokens, and the whitespace around them
-    (one more item than tokens: leading, between each pair, trailing)."""
+def _split(message: str) -> tuple[list[str], list[str]]:
+    """Whitespace tokens of a message, and the whitespace around them (one more item than
+    tokens: leading, between each pair, trailing)."""
     parts = re.split(r"(\s+)", message)  # token, sep, token, sep, ..., token
-    tokens = parts[0::2]
-    seps = parts[1::2]
-    lead = ""
+    tokens, seps = parts[0::2], parts[1::2]
+    lead = trail = ""
     if tokens and tokens[0] == "":
         tokens = tokens[1:]
         lead = seps.pop(0) if seps else ""
-    trail = ""
     if tokens and tokens[-1] == "":
         tokens = tokens[:-1]
         trail = seps.pop() if seps else ""
-    return [mask(t) for t in tokens], tokens, [lead, *seps, trail]
+    return tokens, [lead, *seps, trail]
+
+
+@lru_cache(maxsize=16384)
+def _split_masked(message: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """Masked whitespace tokens of a message, its raw tokens, and its whitespace."""
+    tokens, seps = _split(message)
+    masked, _ = _split(mask(message))
+    if len(masked) != len(tokens):  # a value type matched across whitespace: mask per token
+        masked = [mask(t) for t in tokens]
+    return tuple(masked), tuple(tokens), tuple(seps)
 
 
 def _piece_regex(masked_token: str, raw_values: Sequence[str], key: str | None,

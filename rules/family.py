@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 
 _VOLATILE = [
-    re.compile(r"\d{4}-?\d\d-?\d\d(?:[t -]?\d\d:?\d\d(?::?\d\d)?)?"),  # dates and date-times
+    # dates and date-times; a time must end there, or `20241104-2265b1` would lose `-2265`
+    # to the time and leave `b1` of the run id behind
+    re.compile(r"\d{4}-?\d\d-?\d\d(?:[t -]?\d\d:?\d\d(?::?\d\d)?(?![0-9a-z]))?"),
     re.compile(r"\b[0-9a-f]{6,}\b"),                                     # hex run ids, hashes
     re.compile(r"(?<![.\d])\b(?:run|job|attempt|try|retry|r|v)?\d+\b(?![.\d])"),  # counters: run3, 0042
 ]

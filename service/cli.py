@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--job-name", default="", metavar="N")
     p.add_argument("--framework", default=None, metavar="F")
 
+    from service import rules_cli
+
+    rules_cli.add_parser(sub, _Parser)
     return parser
 
 
@@ -121,7 +124,8 @@ def cmd_compress(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _rule_view(rule) -> dict[str, Any]:
-    return {"id": rule.id, "pattern": rule.pattern, "scope": rule.scope, "source": rule.source}
+    return {"id": rule.id, "pattern": rule.pattern, "scope": rule.scope, "source": rule.source,
+            "description": rule.description}
 
 
 def render(d: Diagnosis) -> str:
@@ -183,10 +187,17 @@ def cmd_serve(args: argparse.Namespace, _out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_rules(args: argparse.Namespace, out: TextIO) -> int:
+    from service import rules_cli
+
+    return rules_cli.run(args, out)
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "diagnose": cmd_diagnose,
     "compress": cmd_compress,
     "serve": cmd_serve,
+    "rules": cmd_rules,
 }
 
 
