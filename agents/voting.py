@@ -69,7 +69,8 @@ Judge = Callable[[Sequence[Candidate]], int | None]
 
 _NAMED = re.compile(r"\(\?P<\w+>")
 _DIGIT_CLASS = re.compile(r"\[0-9\]")
-_REDUNDANT = re.compile(r"\(\?:(\\?.)\)(?![*+?{])")
+_REDUNDANT = re.compile(r"\(\?:([^()|]*)\)(?![*+?{])")
+"""A non-capturing group around a plain sequence, not repeated: the group changes nothing."""
 
 
 def normalize(pattern: str) -> str:
