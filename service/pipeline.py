@@ -40,6 +40,7 @@ HANG_STEP_FACTOR = 20
 COMPRESSED_HEAD_LINES = 2_000
 COMPRESSED_TAIL_LINES = 20_000
 FORWARDED_TRACKED = 100_000
+AGENT_SLICE_BYTES = 64 << 10
 _EXCEPTION_LINE = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ")
 _TRACEBACK = "Traceback (most recent call last)"
 
@@ -145,7 +146,23 @@ class JobRun:
                 self.classifier.default_nodes[name] = stem
 
     def feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:
-        """Filter one buffer of whole lines; returns the kept lines, redacted."""
+        """Filter one buffer of whole lines; returns the kept lines, redacted.
+
+        With a Log Agent, a large buffer is fed in slices: a rule learned from the start of
+        an 8 MB ingest buffer then filters the rest of it, not only the next buffer.
+        """
+        if self.log_agent is None or len(buffer) <= AGENT_SLICE_BYTES:
+            return self._feed(source, buffer, raw_bytes=raw_bytes)
+        kept: list[KeptLine] = []
+        start = 0
+        while start < len(buffer):
+            end = buffer.find(b"\n", min(start + AGENT_SLICE_BYTES, len(buffer)) - 1)
+            end = len(buffer) if end < 0 else end + 1
+            kept += self._feed(source, buffer[start:end], raw_bytes=raw_bytes if start == 0 else 0)
+            start = end
+        return kept
+
+    def _feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:
         run = self.source(source)
         self.bytes_in += len(buffer) if raw_bytes is None else raw_bytes
         raw = run.stream.feed(buffer)
