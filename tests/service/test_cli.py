@@ -1,0 +1,99 @@
+"""The `faultline` command end to end, as a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.service.test_http import LOG, ROOT_LINE
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTRACT_KEYS = {"status", "root_cause", "other_errors", "action", "suspect_nodes", "mitigation", "progress",
+                 "compression", "suggested_rules"}
+
+
+def faultline(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], input=stdin, capture_output=True,
+                          env=env, cwd=ROOT, timeout=300, check=False)
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> Path:
+    path = tmp_path / "job.log"
+    path.write_text(LOG)
+    return path
+
+
+def test_diagnose_json_follows_the_contract(log_file: Path) -> None:
+    proc = faultline("diagnose", str(log_file), "--json")
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(proc.stdout)
+    assert CONTRACT_KEYS <= body.keys()
+    assert body["root_cause"]["line"] == ROOT_LINE and body["root_cause"]["file"] == str(log_file)
+    assert set(body["compression"]) >= {"lines_in", "lines_kept", "bytes_in"}
+    assert proc.stderr == b""  # piped output stays clean: no progress line
+
+
+def test_human_output_names_the_line(log_file: Path) -> None:
+    proc = faultline("diagnose", str(log_file))
+    assert proc.returncode == 0
+    assert ROOT_LINE in proc.stdout.decode() and "status: failed" in proc.stdout.decode()
+
+
+def test_each_gives_one_object_per_path_in_order(tmp_path: Path, log_file: Path) -> None:
+    healthy = tmp_path / "healthy.log.gz"
+    healthy.write_bytes(gzip.compress(b"".join(line.encode() + b"\n" for line in LOG.splitlines()[:3])))
+    proc = faultline("diagnose", "--each", str(healthy), str(log_file), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert [r["path"] for r in rows] == [str(healthy), str(log_file)]
+    assert rows[0]["root_cause"] is None and rows[0]["status"] in ("running", "healthy")
+    assert rows[1]["root_cause"]["line"] == ROOT_LINE
+
+
+def test_stdin_and_several_files_of_one_job(tmp_path: Path) -> None:
+    proc = faultline("diagnose", "-", "--json", stdin=LOG.encode())
+    assert proc.returncode == 0 and json.loads(proc.stdout)["root_cause"]["file"] == "<stdin>"
+    lines = LOG.splitlines()
+    (tmp_path / "node-0.log").write_text("\n".join(lines[:3]) + "\n")
+    (tmp_path / "node-1.log").write_text("\n".join(lines[3:]) + "\n")
+    proc = faultline("diagnose", str(tmp_path / "node-0.log"), str(tmp_path / "node-1.log"), "--json")
+    body = json.loads(proc.stdout)
+    assert body["root_cause"]["file"].endswith("node-1.log") and body["root_cause"]["line_number"] == 6
+    assert body["compression"]["lines_in"] == len(lines)
+
+
+def test_compress_json_reports_what_it_kept(log_file: Path) -> None:
+    proc = faultline("compress", str(log_file), "--json")
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(proc.stdout)
+    assert {"lines_in", "lines_kept", "bytes_in", "rules_learned", "kept"} <= body.keys()
+    assert body["lines_in"] == 10 and len(body["kept"]) == body["lines_kept"]
+    assert ROOT_LINE in body["kept"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["diagnose", "/no/such/file.log"], "cannot read /no/such/file.log"),
+    (["diagnose"], "required"),
+    (["diagnose", "--each", "x.log"], "--each needs --json"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_usage_exits_2_with_one_line(args: list[str], message: str) -> None:
+    proc = faultline(*args)
+    assert proc.returncode == 2
+    err = proc.stderr.decode()
+    assert message in err and err.count("\n") == 1
+
+
+def test_empty_and_directory_inputs_are_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    assert faultline("diagnose", str(empty)).returncode == 2
+    assert faultline("diagnose", str(tmp_path)).returncode == 2

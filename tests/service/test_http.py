@@ -1,0 +1,98 @@
+"""POST /diagnose and job lookup against a real uvicorn server on loopback."""
+
+from __future__ import annotations
+
+import gzip
+
+import httpx
+import pytest
+
+from service.settings import Settings
+from tests.support.server import running_server
+
+LOG = "\n".join([
+    "[default0]:WARNING:torch.distributed.run:",
+    "[default0]:*****************************************",
+    "[default0]: [2025-03-31 05:54:07] iteration       50/  242204 | consumed samples:        50400 | elapsed time per iteration (ms): 1552.8 | learning rate: 8.000000E-06 | global batch size:  1008 | lm loss: 6.258318E+00 | loss scale: 1.0 | grad norm: 1.520 | number of skipped iterations:   0 | number of nan iterations:   0 |",
+    "[default3]:Traceback (most recent call last):",
+    '[default3]:  File "/workspace/Megatron-LM/pretrain_gpt.py", line 243, in <module>',
+    "[default3]:    pretrain(train_valid_test_datasets_provider,",
+    '[default3]:  File "/workspace/Megatron-LM/megatron/training/training.py", line 282, in pretrain',
+    "[default3]:    args = get_args()['optimizer_config']",
+    "[default3]:KeyError: 'optimizer_config'",
+    "E1128 21:12:50.390000 3139541 site-packages/torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1) local_rank: 3 (pid: 3139623) of binary: /usr/bin/python3",
+]) + "\n"
+ROOT_LINE = "[default3]:KeyError: 'optimizer_config'"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> str:
+    data = tmp_path_factory.mktemp("http-data")
+    settings = Settings(data_dir=data, admin_token="x" * 32, max_request_bytes=2_000_000)
+    with running_server(settings) as url:
+        yield url
+
+
+def test_plain_text_log_is_diagnosed_and_stored(server: str) -> None:
+    r = httpx.post(f"{server}/diagnose", params={"job_name": "gpt-7b-20241103-ab12cd", "framework": "megatron"},
+                   content=LOG, headers={"Content-Type": "text/plain"}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "failed"
+    assert body["root_cause"]["line"] == ROOT_LINE
+    assert body["root_cause"]["line_number"] == 9
+    assert body["compression"]["lines_in"] == 10
+    assert body["compression"]["bytes_in"] == len(LOG.encode())
+    job = httpx.get(f"{server}/jobs/{body['job_id']}", timeout=10).json()
+    assert job["id"] == body["job_id"] and job["name"] == "gpt-7b-20241103-ab12cd"
+    assert job["status"] == "failed" and job["lines_received"] == 10
+    assert job["diagnosis"]["root_cause"] == body["root_cause"]
+    found = httpx.get(f"{server}/jobs", params={"name": "gpt-7b-20241103-ab12cd"}, timeout=10).json()
+    assert body["job_id"] in [j["id"] for j in found["data"]]
+
+
+def test_gzip_body_gives_the_same_diagnosis(server: str) -> None:
+    plain = httpx.post(f"{server}/diagnose", content=LOG, headers={"Content-Type": "text/plain"}, timeout=60).json()
+    packed = httpx.post(f"{server}/diagnose", content=gzip.compress(LOG.encode()),
+                        headers={"Content-Type": "text/plain", "Content-Encoding": "gzip"}, timeout=60).json()
+    assert packed["root_cause"]["line"] == plain["root_cause"]["line"]
+    assert packed["compression"]["lines_in"] == plain["compression"]["lines_in"]
+
+
+def test_multipart_files_are_one_job_with_several_sources(server: str) -> None:
+    rank0 = "\n".join(LOG.splitlines()[:3]) + "\n"
+    rank3 = "\n".join(LOG.splitlines()[3:]) + "\n"
+    files = [("files", ("node-0.log", rank0.encode(), "text/plain")),
+             ("files", ("node-1.log.gz", gzip.compress(rank3.encode()), "application/gzip"))]
+    r = httpx.post(f"{server}/diagnose", files=files, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["root_cause"]["file"] == "node-1.log.gz"
+    assert body["root_cause"]["line_number"] == 6
+    assert body["compression"]["lines_in"] == 10
+
+
+@pytest.mark.parametrize(("kwargs", "status", "message"), [
+    ({"content": b"", "headers": {"Content-Type": "text/plain"}}, 400, "empty log"),
+    ({"content": bytes(range(256)) * 40, "headers": {"Content-Type": "text/plain"}}, 400, "binary"),
+    ({"content": b"{}", "headers": {"Content-Type": "application/json"}}, 415, "Content-Type"),
+    ({"content": b"x\n", "headers": {"Content-Type": "text/plain", "Content-Encoding": "br"}}, 415, "Content-Encoding"),
+    ({"content": b"\x1f\x8bgarbage" * 20, "headers": {"Content-Type": "text/plain", "Content-Encoding": "gzip"}}, 400, "gzip"),
+    ({"content": b"a line of log\n" * 200_000, "headers": {"Content-Type": "text/plain"}}, 413, "limit"),
+    ({"content": gzip.compress(b"A" * 50_000_000), "headers": {"Content-Type": "text/plain", "Content-Encoding": "gzip"}}, 413, "expands"),
+])
+def test_bad_input_gets_a_clear_json_error(server: str, kwargs, status: int, message: str) -> None:
+    r = httpx.post(f"{server}/diagnose", timeout=60, **kwargs)
+    assert r.status_code == status, r.text
+    assert r.json()["status"] == status and message in r.json()["error"]
+
+
+def test_unknown_job_is_404_and_bad_query_is_422(server: str) -> None:
+    r = httpx.get(f"{server}/jobs/does-not-exist", timeout=10)
+    assert r.status_code == 404 and "does-not-exist" in r.json()["error"]
+    r = httpx.get(f"{server}/jobs", params={"limit": 0}, timeout=10)
+    assert r.status_code == 422 and "limit" in r.json()["error"]
+
+
+def test_healthz_reports_the_database(server: str) -> None:
+    assert httpx.get(f"{server}/healthz", timeout=10).json()["database"] == "ok"
