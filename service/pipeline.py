@@ -41,6 +41,9 @@ COMPRESSED_HEAD_LINES = 2_000
 COMPRESSED_TAIL_LINES = 20_000
 FORWARDED_TRACKED = 100_000
 AGENT_SLICE_BYTES = 64 << 10
+AGENT_MAX_SLICE_BYTES = 64 << 20
+AGENT_BUSY_LINES = 16
+"""Unexplained kept lines in a slice that mean the agent still has work: keep slices small."""
 _EXCEPTION_LINE = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ")
 _TRACEBACK = "Traceback (most recent call last)"
 
@@ -123,6 +126,8 @@ class JobRun:
         self.bytes_in = 0
         self._last_exception: KeptLine | None = None
         self._saw_traceback = False
+        self._slice = AGENT_SLICE_BYTES
+        self._learned_in_feed = False
         self._batch: set[tuple[str, int]] = set()
         self._flagged: set[tuple[str, int]] = set()
         self._forwarded: set[tuple[str, int]] = set()
@@ -148,17 +153,22 @@ class JobRun:
     def feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:
         """Filter one buffer of whole lines; returns the kept lines, redacted.
 
-        With a Log Agent, a large buffer is fed in slices: a rule learned from the start of
-        an 8 MB ingest buffer then filters the rest of it, not only the next buffer.
+        With a Log Agent, a large buffer is fed in slices while the agent is learning: a rule
+        learned from the start of an 8 MB ingest buffer then filters the rest of it, not only
+        the next buffer. While the rules in force leave little for the agent, slices grow
+        back to whole buffers, because each filter call has a fixed cost.
         """
-        if self.log_agent is None or len(buffer) <= AGENT_SLICE_BYTES:
+        if self.log_agent is None or len(buffer) <= self._slice:
             return self._feed(source, buffer, raw_bytes=raw_bytes)
         kept: list[KeptLine] = []
         start = 0
         while start < len(buffer):
-            end = buffer.find(b"\n", min(start + AGENT_SLICE_BYTES, len(buffer)) - 1)
+            end = buffer.find(b"\n", min(start + self._slice, len(buffer)) - 1)
             end = len(buffer) if end < 0 else end + 1
-            kept += self._feed(source, buffer[start:end], raw_bytes=raw_bytes if start == 0 else 0)
+            part = self._feed(source, buffer[start:end], raw_bytes=raw_bytes if start == 0 else 0)
+            kept += part
+            learning = sum(not k.error_like for k in part) >= AGENT_BUSY_LINES or self._learned_in_feed
+            self._slice = AGENT_SLICE_BYTES if learning else min(self._slice * 4, AGENT_MAX_SLICE_BYTES)
             start = end
         return kept
 
@@ -173,6 +183,7 @@ class JobRun:
         if self.log_agent is not None and kept:
             self._batch = {(k.source, k.line_number) for k in kept}
             learned = self.log_agent.observe(self, kept)
+            self._learned_in_feed = bool(learned)
             if learned:
                 self.add_filter_rules(learned)
             if self._flagged:
