@@ -138,6 +138,10 @@ class Classifier:
         self.default_nodes: dict[str, str] = {}
         """Node to assume for lines of a source that do not name one (one file per node)."""
 
+    def __getstate__(self) -> dict:
+        """Everything but the compiled program, which the owner reattaches."""
+        return {k: v for k, v in self.__dict__.items() if k != "program"}
+
     def _state(self, source: str) -> _SourceState:
         state = self._sources.get(source)
         if state is None:

@@ -161,13 +161,25 @@ class FilterStream:
                 stats.merge(RuleStats(self._count[k], self._first[k], self._last[k]))
                 self._count[k] = self._first[k] = self._last[k] = 0
 
+    def __getstate__(self) -> dict:
+        """Statistics and counters only: compiled programs are reattached with set_program()."""
+        self._flush_stats()
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("program", "_count", "_first", "_last", "_succ", "_blocks")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.program = None  # set_program() before the next feed()
+
     def set_program(self, program: FilterProgram) -> None:
         """Switch to a new rule set between two buffers; statistics carry over by rule id."""
-        self._flush_stats()
+        if self.program is not None:
+            self._flush_stats()
         self._use(program)
 
     def rule_stats(self) -> dict[str, RuleStats]:
-        self._flush_stats()
+        if self.program is not None:
+            self._flush_stats()
         return dict(self._stats)
 
     # -- the hot path ----------------------------------------------------------------------

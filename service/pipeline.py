@@ -8,6 +8,7 @@ This module does no I/O itself; callers (CLI, HTTP, live jobs) bring the bytes.
 
 from __future__ import annotations
 
+import pickle
 import re
 from collections import deque
 from collections.abc import Iterable
@@ -44,6 +45,8 @@ AGENT_SLICE_BYTES = 64 << 10
 AGENT_MAX_SLICE_BYTES = 64 << 20
 AGENT_BUSY_LINES = 16
 """Unexplained kept lines in a slice that mean the agent still has work: keep slices small."""
+SNAPSHOT_FORMAT = 1
+_TRANSIENT = frozenset({"rulebook", "filter_program", "log_agent", "failure_agent", "_batch", "_flagged"})
 _EXCEPTION_LINE = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ")
 _TRACEBACK = "Traceback (most recent call last)"
 
@@ -112,13 +115,14 @@ class JobRun:
     """Diagnoses one job whose log arrives as whole-line buffers from one or more sources."""
 
     def __init__(self, rulebook: Rulebook, meta: JobMeta = JobMeta(), *,
-                 log_agent: LogAgentHook | None = None, failure_agent: FailureAgentHook | None = None):
+                 log_agent: LogAgentHook | None = None, failure_agent: FailureAgentHook | None = None,
+                 compressed: CompressedLog | None = None):
         self.rulebook = rulebook
         self.meta = meta
         self.filter_program = rulebook.filter_program(meta.framework, meta.name, family=meta.family)
         self.classifier = Classifier(rulebook.diagnosis_program)
         self.sources: dict[str, SourceRun] = {}
-        self.compressed = CompressedLog()
+        self.compressed = compressed or CompressedLog()
         self.log_agent = log_agent
         self.failure_agent = failure_agent
         self.learned: list[FilterRule] = []
@@ -236,6 +240,40 @@ class JobRun:
         self.filter_program = self.rulebook.extend(self.filter_program, rules)
         for run in self.sources.values():
             run.stream.set_program(self.filter_program)
+
+    # -- live jobs: state between appends --------------------------------------------------------
+    def snapshot(self) -> bytes:
+        """The job's processing state, without compiled programs and agents (see restore).
+
+        Pickle, because the state is a graph of our own dataclasses, arrays and deques that
+        changes as the pipeline grows; the bytes only ever come from this method and live in
+        our own database, which is trusted like the code itself. A format number guards
+        against restoring the state of an incompatible version.
+        """
+        state = {k: v for k, v in self.__dict__.items() if k not in _TRANSIENT}
+        return pickle.dumps({"format": SNAPSHOT_FORMAT, "state": state}, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def restore(cls, blob: bytes, rulebook: Rulebook, *, log_agent: LogAgentHook | None = None,
+                failure_agent: FailureAgentHook | None = None) -> JobRun:
+        """A JobRun from snapshot() bytes, with the rules in force now reattached."""
+        data = pickle.loads(blob)  # noqa: S301 - our own bytes, see snapshot()
+        if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError("job state of another format version")
+        run = cls.__new__(cls)
+        run.__dict__.update(data["state"])
+        run.rulebook, run.log_agent, run.failure_agent = rulebook, log_agent, failure_agent
+        run._batch, run._flagged = set(), set()
+        program = rulebook.filter_program(run.meta.framework, run.meta.name, family=run.meta.family)
+        run.filter_program = rulebook.extend(program, run.learned) if run.learned else program
+        run.classifier.program = rulebook.diagnosis_program
+        for source in run.sources.values():
+            source.stream.set_program(run.filter_program)
+        return run
+
+    def current(self) -> Diagnosis:
+        """The diagnosis so far, while the job runs (no agent is asked, nothing is final)."""
+        return self._rule_diagnosis()
 
     # -- the verdict -------------------------------------------------------------------------
     def finish(self) -> Diagnosis:
