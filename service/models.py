@@ -148,3 +148,15 @@ class Counter(Base):
 
 
 Index("ix_kept_lines_job_line", KeptLineRow.job_id, KeptLineRow.source, KeptLineRow.line_number)
+
+
+class JobState(Base):
+    """A live job's processing state between appends (see JobRun.snapshot), versioned so a
+    replica reuses its cached copy only while nobody else has moved it on."""
+
+    __tablename__ = "job_states"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
