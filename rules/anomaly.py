@@ -76,8 +76,12 @@ class LossSpikeDetector:
         present = [x for x in losses if x is not None]
         finite = [x for x in present if math.isfinite(x)]
         threshold = None if baseline is None else max(baseline * JUMP_RATIO, baseline + JUMP_ABSOLUTE)
-        calm = (self._candidate is None and len(finite) == len(present)
-                and (threshold is None or not finite or max(finite) <= threshold))
+        if threshold is None:
+            # no baseline yet: calm only while this batch cannot complete one either
+            below = len(self._window) + len(finite) <= MIN_BASELINE
+        else:
+            below = not finite or max(finite) <= threshold
+        calm = self._candidate is None and len(finite) == len(present) and below
         if calm:
             self._window.extend(finite[-BASELINE_POINTS:])
             return
@@ -90,10 +94,14 @@ class LossSpikeDetector:
         if loss is None:
             return
         step_id = None if math.isnan(step) else int(step)
+        cand = self._candidate
         if not math.isfinite(loss):
+            if cand is not None:  # it jumped first, then went NaN: the jump is where it began
+                self.spikes.append(Spike("nan", cand.line_number, cand.line, cand.step, cand.baseline, cand.peak))
+                self._candidate = None
+                return
             self.spikes.append(Spike("nan", line, line_text(line), step_id, self._baseline(), None))
             return
-        cand = self._candidate
         if cand is not None:
             cand.points += 1
             cand.peak = max(cand.peak, loss)

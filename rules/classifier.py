@@ -1,8 +1,9 @@
 """The rule-based classifier: matches kept lines against diagnosis rules and gathers evidence.
 
 Every kept line is tried against all diagnosis patterns at once (one RE2 set); a line that
-several rules match is credited to the rule of the highest tier (a `RuntimeError: CUDA
-error: uncorrectable ECC error` is an ECC error before it is a RuntimeError). Evidence is
+several rules match is credited to the specific rule of the highest tier (a `RuntimeError:
+CUDA error: uncorrectable ECC error` is an ECC error before it is a RuntimeError); a generic
+rule only takes lines no specific rule explains. Evidence is
 kept per rule up to a bound, so an avalanche from 10,000 ranks costs fixed memory.
 """
 
@@ -43,7 +44,7 @@ def _set_options() -> re2.Options:
 class DiagnosisProgram:
     """Diagnosis rules compiled once into an RE2 set, plus per-pattern group readers."""
 
-    def __init__(self, rules: Sequence[DiagnosisRule], *, untrusted_sources: Sequence[str] = ("log_agent", "failure_agent")):
+    def __init__(self, rules: Sequence[DiagnosisRule], *, untrusted_sources: Sequence[str] = ("log_agent", "failure_agent", "import")):
         self.rules = list(rules)
         self._owner: list[int] = []
         self._readers: list = []
@@ -69,6 +70,17 @@ class DiagnosisProgram:
         compiled = regex.compile(pattern)
         return lambda text: compiled.search(text, timeout=UNTRUSTED_MATCH_TIMEOUT_S)
 
+    def _preference(self, index: int) -> tuple[bool, int, int]:
+        # A context rule decides first: its lines (a C++ frame, the DataLoader's re-raise of a
+        # worker's KeyError) never name a cause, even when they quote one. A generic rule
+        # ("any RuntimeError") speaks for a line only when no specific rule does:
+        # `RuntimeError: NCCL communicator was aborted` is a timeout's symptom, not a
+        # RuntimeError of the user's. Among the rest, the highest tier, then pack order.
+        rule = self.rules[self._owner[index]]
+        if rule.tier is Tier.CONTEXT:
+            return False, -99, self._owner[index]  # a context line is context, whatever else it says
+        return rule.tier is Tier.GENERIC, -TIER_RANK[rule.tier], self._owner[index]
+
     def match(self, message: str) -> tuple[DiagnosisRule, dict[str, str]] | None:
         """The best rule matching a message and the named groups it captured."""
         if self._empty:
@@ -76,7 +88,7 @@ class DiagnosisProgram:
         hits = self._set.Match(message.encode("utf-8", "replace"))
         if not hits:
             return None
-        best = min(hits, key=lambda i: (-TIER_RANK[self.rules[self._owner[i]].tier], self._owner[i]))
+        best = min(hits, key=self._preference)
         rule = self.rules[self._owner[best]]
         try:
             m = self._readers[best](message)

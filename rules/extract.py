@@ -131,6 +131,8 @@ class FieldExtractor:
 
     def __init__(self, pattern: str, *, trusted: bool):
         self.fields = progress_fields(pattern)
+        self.sampled = "checkpoint_step" not in self.fields
+        """Dense metric lines may be sampled; checkpoint lines are rare and all of them count."""
         body = non_capturing(pattern, keep_named=True)
         anchored = ("^%s(?:%s)$" % (ENVELOPE_PATTERN, body)).encode("latin-1")
         suffix = literal_suffix(body)
@@ -161,6 +163,15 @@ class FieldExtractor:
                     return list(line_numbers), self._transpose(rows)
             lines = data[start:stop].split(b"\n")
             matches = [self._match(lines[n - first_line]) for n in line_numbers]
+        except TimeoutError:
+            return [], []
+        numbers = [n for n, m in zip(line_numbers, matches, strict=True) if m is not None]
+        return numbers, self._transpose([m.groups() for m in matches if m is not None])
+
+    def columns_of(self, lines: Sequence[bytes], line_numbers: Sequence[int]) -> tuple[list[int], Columns]:
+        """Field values of the given lines (each without its newline)."""
+        try:
+            matches = [self._match(line) for line in lines]
         except TimeoutError:
             return [], []
         numbers = [n for n, m in zip(line_numbers, matches, strict=True) if m is not None]

@@ -34,6 +34,10 @@ MAX_BLOCK_PERIOD = 6
 MAX_BLOCK_LINES = 32
 MAX_BLOCK_PROGRAMS = 64
 MAX_KEPT_LINE_CHARS = 8192
+SAMPLE_BYTES = 64 << 10
+"""Dense metric lines are read at most once per this many bytes of log (see _extract)."""
+MAX_SAMPLES_PER_RUN = 256
+SAMPLE_AFTER_BYTES = 32 << 20
 
 
 class FilterCompileError(ValueError):
@@ -135,8 +139,13 @@ class FilterStream:
     lines; memory is bounded by the largest buffer, whatever the length of the log.
     """
 
-    def __init__(self, program: FilterProgram, *, source: str = "", on_progress: ProgressSink | None = None):
+    def __init__(self, program: FilterProgram, *, source: str = "", on_progress: ProgressSink | None = None,
+                 sample_bytes: int = SAMPLE_BYTES, sample_after: int = SAMPLE_AFTER_BYTES):
         self.source = source
+        self.sample_bytes = sample_bytes
+        """Read dense metric lines at most once per this many bytes; 0 reads every one."""
+        self.sample_after = sample_after
+        """Every metric line of the first this many bytes is read (exact steps in small logs)."""
         self.lines_in = 0
         self.bytes_in = 0
         self.lines_kept = 0
@@ -153,6 +162,10 @@ class FilterStream:
         self._last = [0] * n
         self._succ = list(range(n))
         self._blocks: OrderedDict[tuple, object] = OrderedDict()
+        self._budget = [self.sample_bytes] * n  # the first metric line is always read
+        self._pending: dict[int, tuple[int, bytes]] = {}
+        self._resume: dict[int, tuple] = {}
+        """First rule of a period -> the period, for periods that consumed a block."""
 
     def _flush_stats(self) -> None:
         for k, rule in enumerate(self.program.rules):
@@ -165,7 +178,7 @@ class FilterStream:
         """Statistics and counters only: compiled programs are reattached with set_program()."""
         self._flush_stats()
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("program", "_count", "_first", "_last", "_succ", "_blocks")}
+                if k not in ("program", "_count", "_first", "_last", "_succ", "_blocks", "_budget", "_pending", "_resume")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -198,6 +211,8 @@ class FilterStream:
             pos = end
         if pos < len(data):
             self._scan(data, pos, len(data), kept)
+        if self._pending:
+            self._flush_pending()
         self.bytes_in += len(data)
         self.lines_kept += len(kept)
         return kept
@@ -222,8 +237,21 @@ class FilterStream:
         count_nl = data.count
         history: list[tuple[int, int]] = []
         cur = 0
+        resume = self._resume
         while pos < end:
             k = succ[cur] if succ else -1
+            period = resume.get(k)
+            if period is not None:
+                # a periodic stretch that was interrupted (a checkpoint save, an evaluation)
+                # usually picks up again where it left: try its block program first
+                block = self._block_program(period)
+                stop = block.Match(_ANCHOR_START, data, pos, end)[0][1] if block else -1
+                if stop > pos:
+                    self._record_block(period, sum(n for _, n in period), data, pos, stop)
+                    cur = period[-1][0]
+                    pos = stop
+                    history.clear()
+                    continue
             stop = runs[k].Match(_ANCHOR_START, data, pos, end)[0][1] if k >= 0 else -1
             if stop < 0:
                 k, stop = self._run_at(data, pos, end)
@@ -260,19 +288,72 @@ class FilterStream:
         self._count[k] += n
         self._last[k] = self.lines_in
         if self.program.extractors[k] is not None:
-            self._extract(k, data, start, stop, range(first_line, first_line + n), first_line)
+            self._extract(k, data, start, stop, first_line, n, 0, n)
 
-    def _extract(self, k: int, data: bytes, start: int, stop: int,
-                 line_numbers: Sequence[int], first_line: int) -> None:
+    def _extract(self, k: int, data: bytes, start: int, stop: int, first_line: int,
+                 lines_per: int, offset: int, n: int) -> None:
+        """Read progress from rule k's lines in data[start:stop]: in every period of
+        `lines_per` lines, the `n` lines from `offset` on (a plain run is one period).
+
+        Dense metric lines are sampled, at most one per SAMPLE_BYTES of log, and the last
+        one of a run always: a Megatron job with --log-interval 1 prints an iteration line
+        every few hundred bytes, and parsing each would cost more than the whole filter.
+        A loss that jumps and does not come back, or turns NaN for good, still shows in the
+        samples; a one-step blip that recovers is not a failure.
+        """
         extractor = self.program.extractors[k]
-        numbers, columns = extractor.columns(data, start, stop, line_numbers, first_line)
-        if numbers:
-            last_line = first_line + data.count(b"\n", start, stop) - 1
+        if not extractor.sampled or self.sample_bytes <= 0 or self.bytes_in < self.sample_after:
+            self._extract_lines(k, data, start, stop, first_line, lines_per, offset, n, None)
+            return
+        self._budget[k] += stop - start
+        total = data.count(b"\n", start, stop)
+        if self._budget[k] < self.sample_bytes:
+            # not yet: remember the last line, read at the end of the buffer if still last
+            index = _last_in_period(total - 1, lines_per, offset, n)
+            self._pending[k] = (first_line + index, _line_at(data, start, stop, index, total - 1 - index))
+            return
+        samples = max(1, min(self._budget[k] // self.sample_bytes, MAX_SAMPLES_PER_RUN))
+        self._budget[k] = 0
+        self._pending.pop(k, None)
+        self._extract_lines(k, data, start, stop, first_line, lines_per, offset, n, (samples, total))
 
-            def line_text(n: int) -> str:
-                return _line_at(data, start, stop, n - first_line, last_line - n).decode("utf-8", "replace")
+    def _extract_lines(self, k: int, data: bytes, start: int, stop: int, first_line: int,
+                       lines_per: int, offset: int, n: int, sampling: tuple[int, int] | None) -> None:
+        extractor = self.program.extractors[k]
+        if sampling is None:
+            repeats = data.count(b"\n", start, stop) // lines_per
+            indexes = [p * lines_per + offset + j for p in range(repeats) for j in range(n)]
+            total = repeats * lines_per
+        else:
+            samples, total = sampling
+            step = total / samples
+            indexes = sorted({_last_in_period(int(step * (i + 1)) - 1, lines_per, offset, n) for i in range(samples)})
+            indexes = [i for i in indexes if i >= 0]
+        if len(indexes) == total and lines_per == n:
+            numbers, columns = extractor.columns(data, start, stop, range(first_line, first_line + total), first_line)
+            texts = None
+        else:
+            lines = _lines_at(data, start, stop, indexes)
+            numbers, columns = extractor.columns_of(lines, [first_line + i for i in indexes])
+            texts = dict(zip((first_line + i for i in indexes), lines, strict=True))
+        if numbers:
+            last_line = first_line + total - 1
+
+            def line_text(number: int) -> str:
+                if texts is not None:
+                    return texts[number].decode("utf-8", "replace")
+                return _line_at(data, start, stop, number - first_line, last_line - number).decode("utf-8", "replace")
 
             self._on_progress(extractor.fields, numbers, columns, line_text)
+
+    def _flush_pending(self) -> None:
+        """Read the last metric line of each rule that sampling skipped: it is the newest."""
+        for k, (number, line) in sorted(self._pending.items()):
+            extractor = self.program.extractors[k]
+            numbers, columns = extractor.columns_of([line], [number])
+            if numbers:
+                self._on_progress(extractor.fields, numbers, columns, lambda _n, t=line: t.decode("utf-8", "replace"))
+        self._pending.clear()
 
     # -- periodic interleaving ---------------------------------------------------------------
     def _try_block(self, history: list[tuple[int, int]], data: bytes, pos: int, end: int) -> int:
@@ -290,6 +371,9 @@ class FilterStream:
             history.clear()
             if stop > pos:
                 self._record_block(period, lines_per, data, pos, stop)
+                for turn in range(len(period)):  # it may pick up again at any of its rules
+                    rotated = period[turn:] + period[:turn]
+                    self._resume[rotated[0][0]] = rotated
                 return stop
             return pos
         if size > 2 * MAX_BLOCK_PERIOD:
@@ -318,7 +402,50 @@ class FilterStream:
             self._last[k] = max(self._last[k], base + (repeats - 1) * lines_per + offset + n)
             if self.program.extractors[k] is not None:
                 # a metric rule's lines sit at fixed offsets within each period
-                numbers = [base + p * lines_per + offset + j + 1 for p in range(repeats) for j in range(n)]
-                self._extract(k, data, start, stop, numbers, base + 1)
+                self._extract(k, data, start, stop, base + 1, lines_per, offset, n)
             offset += n
         self.lines_in += total
+
+
+def _last_in_period(index: int, lines_per: int, offset: int, n: int) -> int:
+    """The last line at or before `index` that sits in [offset, offset + n) of its period."""
+    r = index % lines_per
+    if r >= offset + n:
+        return index - (r - (offset + n - 1))
+    if r < offset:
+        return index - r - (lines_per - offset - n) - 1
+    return index
+
+
+def _lines_at(data: bytes, start: int, stop: int, indexes: Sequence[int]) -> list[bytes]:
+    """The lines of data[start:stop] at the given increasing indexes (without newlines)."""
+    out, pos, at = [], start, 0
+    find, count = data.find, data.count
+    for index in indexes:
+        if index - at > 64:
+            # skip far ahead in C: find the index-th newline by counting in halving windows
+            pos, at = _seek_line(data, pos, stop, at, index)
+        while at < index:
+            pos = find(b"\n", pos, stop) + 1
+            at += 1
+        end = find(b"\n", pos, stop)
+        out.append(data[pos:end])
+    return out
+
+
+def _seek_line(data: bytes, pos: int, stop: int, at: int, index: int) -> tuple[int, int]:
+    """Advance from (pos, line at) towards line `index` without passing it."""
+    count = data.count
+    width = max(4096, (stop - pos) // 2)
+    while index - at > 64 and width >= 4096:
+        probe = min(stop, pos + width)
+        cut = data.rfind(b"\n", pos, probe) + 1
+        if cut <= pos:
+            width //= 2
+            continue
+        lines = count(b"\n", pos, cut)
+        if at + lines <= index:
+            pos, at = cut, at + lines
+        else:
+            width //= 2
+    return pos, at

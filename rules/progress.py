@@ -66,7 +66,8 @@ class ProgressTracker:
         self.source = source
         self.points_seen = 0
         self.last_line: tuple[int, str] | None = None
-        """The last metric line seen: (line number, text)."""
+        """The first line of the newest step seen: (line number, text)."""
+        self._last_line_step: float | None = None
         self.spikes = LossSpikeDetector()
         self._cols = {name: array("d") for name in _COLUMNS}
         self._lines = array("q")
@@ -96,7 +97,7 @@ class ProgressTracker:
             column.extend(values[name])
         self._lines.extend(line_numbers)
         self.points_seen += rows
-        self.last_line = (line_numbers[-1], line_text(line_numbers[-1]))
+        self._note_last_line(line_numbers, values["step"], line_text)
         if "loss" in raw:
             losses: Sequence[float | None] = values["loss"]
             if None in raw["loss"]:
@@ -104,6 +105,21 @@ class ProgressTracker:
             self.spikes.observe(line_numbers, values["step"], losses, values["loss_scale"], line_text)
         if len(self._lines) > 2 * RECENT_POINTS:
             self._thin()
+
+    def _note_last_line(self, line_numbers: Sequence[int], steps: Sequence[float], line_text: LineText) -> None:
+        """The first line that reported the newest step: with every rank printing the same
+        step, rank 0's line, not whichever rank happened to print last."""
+        finite = [s for s in steps if not math.isnan(s)]
+        if not finite:
+            self.last_line = (line_numbers[-1], line_text(line_numbers[-1]))
+            self._last_line_step = None
+            return
+        top = max(finite)
+        if self._last_line_step is not None and top <= self._last_line_step:
+            return
+        first = next(n for n, s in zip(line_numbers, steps, strict=True) if s == top)
+        self.last_line = (first, line_text(first))
+        self._last_line_step = top
 
     def _checkpoints(self, line_numbers: Sequence[int], raw: Sequence[bytes | None]) -> None:
         for line, step in zip(line_numbers, _column(raw), strict=True):

@@ -8,6 +8,7 @@ This module does no I/O itself; callers (CLI, HTTP, live jobs) bring the bytes.
 
 from __future__ import annotations
 
+import math
 import pickle
 import re
 from collections import deque
@@ -17,7 +18,7 @@ from typing import Protocol
 
 from rules.classifier import Classifier
 from rules.family import job_family
-from rules.model import FilterRule, KeptLine
+from rules.model import TIER_RANK, FilterRule, KeptLine, Tier
 from rules.progress import ProgressTracker
 from rules.rootcause import choose_root_cause
 from rules.taxonomy import JobStatus
@@ -308,6 +309,14 @@ class JobRun:
                               action="none", mitigation="", progress=self.progress_summary(),
                               compression=self.compression_summary(), filtered=self.filtered_summary())
         diagnosis.other_errors = other_errors_view(others)
+        if root is not None and spike is not None and (root.rule.reason == "loss_spike"
+                                                        or TIER_RANK[root.rule.tier] <= TIER_RANK[Tier.SYMPTOM]):
+            # the metrics saw the loss go first: the NaN check or the kill that followed is
+            # its consequence, and the spike's own line is the earliest evidence
+            view, mitigation, rollback = from_spike(spike, list(primary.progress.checkpoints), primary.name)
+            diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, "rollback_and_skip"
+            diagnosis.mitigation, diagnosis.rollback = mitigation, rollback
+            return diagnosis
         if root is not None:
             view, action, nodes, mitigation = from_rule(root, others)
             diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, action
@@ -367,6 +376,19 @@ class JobRun:
         return from_hang(text, line_number, primary.name, silent)
 
     # -- summaries ---------------------------------------------------------------------------
+    def loss_curve(self, max_points: int = 160) -> list[list[float]]:
+        """[step, loss] pairs of the primary source, at most max_points (evenly thinned,
+        the last point kept): enough for a small plot of a stored job."""
+        primary = self.primary_progress()
+        if primary is None:
+            return []
+        points = [[p.step, round(p.loss, 6)] for p in primary.progress.curve()
+                  if p.step is not None and p.loss is not None and math.isfinite(p.loss)]
+        if len(points) > max_points:
+            stride = len(points) / max_points
+            points = [points[int(i * stride)] for i in range(max_points - 1)] + [points[-1]]
+        return points
+
     def progress_summary(self) -> dict:
         primary = self.primary_progress()
         if primary is None:

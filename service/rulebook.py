@@ -26,12 +26,19 @@ class RuleSource(Protocol):
     def version(self) -> int: ...
 
 
+FRAMEWORK_PACKS = {
+    # stacks built from two others print both's lines (BLOOM's Megatron-DeepSpeed, GPT-NeoX)
+    "megatron_deepspeed": frozenset({"megatron_deepspeed", "megatron", "deepspeed"}),
+    "gpt_neox": frozenset({"gpt_neox", "megatron", "deepspeed"}),
+}
+
+
 def in_scope(rule: FilterRule, framework: str | None, family: str) -> bool:
     kind, _, value = rule.scope.partition(":")
     if kind == "global":
         return True
     if kind == "framework":
-        return framework is None or value == framework
+        return framework is None or value in FRAMEWORK_PACKS.get(framework, (framework,))
     if kind == "family":
         return bool(family) and value == family
     return False
@@ -72,6 +79,14 @@ class Rulebook:
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def builtin_filters(self) -> list[FilterRule]:
+        return list(self._builtin_filters)
+
+    @property
+    def builtin_diagnosis(self) -> list[DiagnosisRule]:
+        return list(self._builtin_diagnosis)
 
     def filter_program(self, framework: str | None = None, job_name: str = "", *,
                        family: str | None = None) -> FilterProgram:

@@ -86,10 +86,11 @@ def reference(lines: list[str]) -> tuple[list[int], dict[str, tuple[int, int, in
     return kept, stats
 
 
-def run_engine(lines: list[str], cuts: list[int], rules=RULES):
+def run_engine(lines: list[str], cuts: list[int], rules=RULES, sample_bytes: int = 0, sample_after: int = 0):
     data = ("\n".join(lines) + "\n").encode()
     tracker = ProgressTracker()
-    stream = FilterStream(FilterProgram(rules, GUARD), on_progress=tracker.observe)
+    stream = FilterStream(FilterProgram(rules, GUARD), on_progress=tracker.observe, sample_bytes=sample_bytes,
+                          sample_after=sample_after)
     kept = []
     bounds = sorted({0, len(data), *(data.rfind(b"\n", 0, c) + 1 for c in cuts)})
     for start, stop in zip(bounds, bounds[1:], strict=False):
@@ -154,6 +155,24 @@ def test_progress_fields_are_read_from_dropped_lines() -> None:
     assert [p.line_number for p in curve] == iteration_lines
     saved = [c.step for c in tracker.checkpoints]
     assert saved == [int(line.split("iteration")[1].split()[0]) for line in lines if "saved checkpoint" in line]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dense_metric_lines_are_sampled_and_the_last_one_is_always_read(seed: int) -> None:
+    lines = make_log(seed, steps=3000)
+    size = sum(len(line) + 1 for line in lines)
+    every = {n: line for n, line in enumerate(lines, 1) if "] iteration " in line}
+    _, _, tracker = run_engine(lines, [size // 3, size // 2], sample_bytes=4096)
+    curve = tracker.curve()
+    numbers = [p.line_number for p in curve]
+    assert numbers == sorted(set(numbers)) and set(numbers) <= set(every)
+    assert numbers[-1] == max(every), "the newest point is never skipped"
+    assert len(curve) <= size // 4096 + 8, "at most one point per sample_bytes, plus one per buffer"
+    assert len(curve) >= size // 4096 // 2
+    for point in curve:  # a sampled value is the value on its own line
+        assert f"iteration {point.step:8d}/" in every[point.line_number]
+    assert [c.step for c in tracker.checkpoints] == \
+        [int(line.split("iteration")[1].split()[0]) for line in lines if "saved checkpoint" in line]
 
 
 def test_memory_of_the_stream_does_not_grow_with_the_log() -> None:
