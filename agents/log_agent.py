@@ -151,8 +151,10 @@ class LogAgent:
     def __init__(self, config: LogAgentConfig, *, backend: Callable[[], ProposalBackend] | None = None,
                  sink: RuleSink | None = None, guard: ErrorGuard | None = None,
                  builtin_examples: Sequence[str] = (), evidence_examples: Sequence[str] = (),
-                 corpus: Sequence[str] | None = None):
+                 corpus: Sequence[str] | None = None, on_report: Callable[[dict[str, Any]], None] | None = None):
         self.config = config
+        self.on_report = on_report
+        """Called with each segment's report (votes, acceptances, rejections): for metrics."""
         self.fallback = EmbeddedBackend(min_support=config.min_support)
         self._backend = backend or (lambda: self.fallback)
         self.sink = sink or MemorySink()
@@ -262,6 +264,8 @@ class JobLogAgent:
         self.backlog.clear()
         self.backlog.extend(line for i, line in enumerate(minable) if i not in covered and id(line) not in flagged_ids)
         self.reports.append(report)
+        if self.agent.on_report is not None:
+            self.agent.on_report(report)
         return [rule for rule, _ in accepted]
 
     def _ballots(self, messages: Sequence[str]) -> tuple[ProposalBackend, list[Ballot]]:
@@ -320,7 +324,7 @@ class JobLogAgent:
                 if rule is not None:
                     accepted.append((rule, validation))
                 break
-        report = {"segment": segment.seq, "lines": len(raw), "backend": backend.model,
+        report = {"segment": segment.seq, "lines": len(raw), "backend": backend.model, "kind": backend.kind,
                   "ballots": len(ballots), "failed_ballots": sum(1 for b in ballots if b.failure),
                   "proposals": len(proposals), "winners": len(decision.accepted),
                   "below_quorum": len(decision.below_quorum), "accepted": [r.id for r, _ in accepted],

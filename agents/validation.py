@@ -350,3 +350,113 @@ class Validator:
             if share > self.max_held_out_share:
                 return Check(name, False, f"filters {share:.0%} of a held-out healthy sample of other formats")
         return Check(name, True)
+
+
+# -- diagnosis rules ---------------------------------------------------------------------------
+def validate_diagnosis_rule(rule, *, examples: Sequence[str], counter_examples: Sequence[str] = (),
+                            held_out: Sequence[str] = HELD_OUT_HEALTHY,
+                            timeout_s: float = MATCH_TIMEOUT_S) -> Validation:
+    """Checks of a diagnosis rule (a `rules.model.DiagnosisRule`) edited or imported by a person.
+
+    A diagnosis rule names the reason of a failure, so a bad one mislabels jobs rather than
+    hiding lines. Checks, stopping at the first failure: `syntax` (each pattern compiles under
+    `regex`, Python `re` and in the classifier's RE2 set), `bounded_time` (no nested unbounded
+    quantifier; searches with a timeout on adversarial inputs), `claims` (at least one example,
+    each matched by the rule, counter-examples matched by none), `not_over_general` (some
+    literal text in every pattern; no unrelated probe and no routine line of the held-out
+    healthy sample matches).
+    """
+    from rules.classifier import DiagnosisCompileError, DiagnosisProgram
+    from rules.envelope import split_envelope
+
+    joined = " | ".join(rule.patterns)
+    checks: list[Check] = []
+
+    def done(check: Check) -> Validation | None:
+        checks.append(check)
+        return None if check.ok else Validation(joined, tuple(checks))
+
+    trees = []
+    problem = ""
+    if not rule.patterns:
+        problem = "no pattern"
+    for pattern in rule.patterns:
+        if problem:
+            break
+        if not pattern.strip():
+            problem = "empty pattern"
+        elif len(pattern) > MAX_PATTERN_CHARS:
+            problem = f"{len(pattern)} characters, more than {MAX_PATTERN_CHARS}"
+        else:
+            try:
+                regex.compile(pattern)
+                trees.append(sre_parse.parse(pattern))
+            except (regex.error, re.error, RecursionError, OverflowError) as exc:
+                problem = f"{pattern[:60]!r} does not compile: {str(exc)[:120]}"
+    program = None
+    if not problem:
+        try:
+            program = DiagnosisProgram([rule], untrusted_sources=(rule.source,))
+        except DiagnosisCompileError as exc:
+            problem = f"the classifier refuses it: {str(exc).rsplit(': ', 1)[-1][:120]}"
+    failed = done(Check("syntax", not problem, problem))
+    if failed:
+        return failed
+
+    # Searched by RE2 (linear time) first; Python only reads the groups of a line RE2 matched,
+    # with a timeout for rules no person wrote. So a nested quantifier such as `(?:\w+\.)*`
+    # is allowed here, as long as the adversarial inputs get a quick answer.
+    spent, slow = 0.0, ""
+    for pattern, tree in zip(rule.patterns, trees, strict=True):
+        compiled = regex.compile(pattern)
+        for text in Validator._adversarial(tree, list(examples), range(len(examples))):
+            start = time.perf_counter()
+            try:
+                compiled.search(text, timeout=timeout_s)
+            except TimeoutError:
+                slow = f"{pattern[:60]!r}: no answer within {timeout_s * 1000:.0f} ms on a {len(text)}-character input"
+                break
+            spent += time.perf_counter() - start
+        if slow:
+            break
+        if spent > TIME_BUDGET_S:
+            slow = f"{spent * 1000:.0f} ms over the adversarial inputs"
+            break
+    failed = done(Check("bounded_time", not slow, slow or f"{spent * 1000:.1f} ms"))
+    if failed:
+        return failed
+
+    def matches(line: str) -> bool:
+        return program.match(split_envelope(line).message) is not None
+
+    if not examples:
+        claim = Check("claims", False, "no example line: give at least one error line the rule must match")
+    else:
+        missed = [e for e in examples if not matches(e)]
+        wrong = [c for c in counter_examples if matches(c)]
+        if missed:
+            claim = Check("claims", False, f"does not match {len(missed)} of its {len(examples)} example(s), "
+                                           f"e.g. {missed[0][:120]!r}")
+        elif wrong:
+            claim = Check("claims", False, f"matches its counter-example {wrong[0][:120]!r}")
+        else:
+            claim = Check("claims", True, f"matches its {len(examples)} example(s)")
+    failed = done(claim)
+    if failed:
+        return failed
+
+    general = ""
+    for pattern, tree in zip(rule.patterns, trees, strict=True):
+        if _literal_chars(tree) < MIN_LITERAL_CHARS:
+            general = f"{pattern[:60]!r} has only {_literal_chars(tree)} literal character(s)"
+            break
+    if not general:
+        hit = next((p for p in OVER_GENERAL_PROBES if matches(p)), None)
+        if hit is not None:
+            general = f"matches the unrelated probe {hit[:40]!r}"
+    if not general:
+        hit = next((line for line in held_out if matches(line)), None)
+        if hit is not None:
+            general = f"matches a routine line of the held-out healthy sample: {hit[:80]!r}"
+    done(Check("not_over_general", not general, general))
+    return Validation(joined, tuple(checks))

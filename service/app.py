@@ -10,9 +10,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.auth import AdminTokens
 from service.context import Context
 from service.errors import FaultlineError
-from service.routes import diagnose, health, jobs
+from service.metrics import LatencyMiddleware, Metrics
+from service.routes import admin, admin_web, diagnose, health, jobs, metrics
 from service.settings import Settings, load_settings
 
 
@@ -21,11 +23,14 @@ def _error(status: int, message: str, **extra: object) -> JSONResponse:
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
+    """The app; raises ConfigError (refuses to start) with admin enabled and no real token."""
     settings = settings or load_settings()
+    settings.require_admin_token()
+    registry = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx = Context.build(settings)
+        ctx = Context.build(settings, metrics=registry)
         app.state.ctx = ctx
         try:
             yield
@@ -34,10 +39,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="Faultline", version="0.1.0", lifespan=lifespan,
                   description="Diagnoses why a large-model training job failed, from its logs.")
+    app.state.metrics = registry
+    app.state.admin_tokens = AdminTokens.from_settings(settings)
+    app.add_middleware(LatencyMiddleware, metrics=registry)
 
     @app.exception_handler(FaultlineError)
     async def _faultline_error(_request: Request, exc: FaultlineError) -> JSONResponse:
-        return _error(exc.status_code, str(exc))
+        response = _error(exc.status_code, str(exc), **exc.extra)
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -48,6 +59,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error(exc.status_code, str(exc.detail))
 
-    for module in (health, diagnose, jobs):
+    for module in (health, diagnose, jobs, metrics, admin, admin_web):
         app.include_router(module.router)
     return app

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from rules.verdict import Diagnosis
 from service import store
 from service.db import Database
+from service.metrics import Metrics
 from service.pipeline import FailureAgentHook, JobMeta, JobRun, LogAgentHook
+from service.review import Review
 from service.rulebook import Rulebook
 from service.settings import Settings
 
@@ -22,6 +24,8 @@ class Context:
     log_agent_factory: object | None = None
     failure_agent: FailureAgentHook | None = None
     closers: list = field(default_factory=list)
+    metrics: Metrics = field(default_factory=Metrics)
+    review: Review | None = None
 
     @classmethod
     @contextmanager
@@ -33,15 +37,17 @@ class Context:
             ctx.close()
 
     @classmethod
-    def build(cls, settings: Settings) -> Context:
+    def build(cls, settings: Settings, *, metrics: Metrics | None = None) -> Context:
         db = Database(settings.database_url)
         db.create_schema()
         rulebook = Rulebook(source=store.RuleStore(db))
-        ctx = cls(settings=settings, db=db, rulebook=rulebook)
+        metrics = metrics or Metrics()
+        ctx = cls(settings=settings, db=db, rulebook=rulebook, metrics=metrics,
+                  review=Review(rulebook, metrics=metrics))
         if settings.log_agent:
             from service.learned_rules import build_log_agent
 
-            agent, closers = build_log_agent(settings, db, rulebook)
+            agent, closers = build_log_agent(settings, db, rulebook, on_report=metrics.log_agent_report)
             ctx.log_agent_factory = agent.for_job
             ctx.closers.extend(closers)
         return ctx
@@ -56,8 +62,9 @@ class Context:
         return JobRun(self.rulebook, meta, log_agent=self.log_agent(meta),
                       failure_agent=self.failure_agent if self.settings.failure_agent else None)
 
-    def after_run(self, run: JobRun, diagnosis: Diagnosis) -> None:
-        """Count rule hits; agents persist what they learned themselves."""
+    def after_run(self, run: JobRun, diagnosis: Diagnosis, *, entry: str = "cli") -> None:
+        """Count rule hits and metrics; agents persist what they learned themselves."""
+        self.metrics.observe_diagnosis(diagnosis.to_dict(), entry=entry)
         hits: dict[str, int] = {}
         for source in run.sources.values():
             for rule_id, stats in source.stream.rule_stats().items():

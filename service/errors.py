@@ -6,6 +6,12 @@ from __future__ import annotations
 class FaultlineError(Exception):
     status_code = 500
     """HTTP status; the CLI exits 2 for every subclass marked as the caller's fault."""
+    headers: dict[str, str] | None = None
+
+    def __init__(self, message: str = "", **extra: object):
+        super().__init__(message)
+        self.extra = extra
+        """More fields for the JSON error body (e.g. the validator's checks)."""
 
 
 class BadInput(FaultlineError):

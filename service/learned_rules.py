@@ -45,7 +45,8 @@ def agent_config(settings: Settings) -> LogAgentConfig:
         max_rules=settings.log_agent_max_rules)
 
 
-def build_log_agent(settings: Settings, db: Database, rulebook: Rulebook) -> tuple[LogAgent, list]:
+def build_log_agent(settings: Settings, db: Database, rulebook: Rulebook, *,
+                    on_report: Any = None) -> tuple[LogAgent, list]:
     """The Log Agent and what must be closed with it."""
     closers: list = []
     backend_factory = None
@@ -63,5 +64,5 @@ def build_log_agent(settings: Settings, db: Database, rulebook: Rulebook) -> tup
     agent = LogAgent(
         agent_config(settings), backend=backend_factory, sink=StoreSink(db), guard=rulebook.guard,
         builtin_examples=[e for r in rulebook.filter_rules if r.source == "builtin" for e in r.examples],
-        evidence_examples=[e for r in rulebook.diagnosis_rules for e in r.examples])
+        evidence_examples=[e for r in rulebook.diagnosis_rules for e in r.examples], on_report=on_report)
     return agent, closers

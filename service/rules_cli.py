@@ -9,7 +9,9 @@ arguments, and a function that runs it and returns the exit status. Adding `appr
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -17,6 +19,7 @@ from typing import Any, TextIO
 from rules.model import RuleKind, RuleStatus
 from service import store
 from service.db import Database
+from service.errors import BadInput
 from service.settings import load_settings
 
 EXIT_OK = 0
@@ -93,8 +96,147 @@ def render_rules(rules: list[dict[str, Any]], total: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- actor -------------------------------------------------------------------------------------------
+def _add_actor(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--actor", default=None, metavar="NAME",
+                   help="who the audit log names (default: cli:<your user name>)")
+
+
+def actor_of(args: argparse.Namespace) -> str:
+    if args.actor and args.actor.strip():
+        return args.actor.strip()[:128]
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"cli:{user}"
+
+
+def _review(db: Database):
+    from service.review import Review
+    from service.rulebook import Rulebook
+
+    return Review(Rulebook(source=store.RuleStore(db)))
+
+
+# -- approve / reject ------------------------------------------------------------------------------
+def _configure_approve(p: argparse.ArgumentParser) -> None:
+    p.add_argument("rule_id", metavar="ID")
+    p.add_argument("--note", default="", metavar="TEXT", help="why (kept with the rule and in the audit log)")
+    _add_actor(p)
+    p.add_argument("--json", action="store_true", help="print the rule as JSON")
+
+
+def cmd_approve(args: argparse.Namespace, out: TextIO) -> int:
+    from service import review
+
+    db = open_db()
+    try:
+        with db.session() as session:
+            rule = store.rule_to_dict(review.approve(session, args.rule_id, actor=actor_of(args), note=args.note))
+    finally:
+        db.close()
+    out.write(json.dumps(rule, indent=2) + "\n" if args.json else f"{rule['id']}: active (version {rule['version']})\n")
+    return EXIT_OK
+
+
+def _configure_reject(p: argparse.ArgumentParser) -> None:
+    p.add_argument("rule_id", metavar="ID")
+    p.add_argument("--reason", required=True, metavar="TEXT", help="why the rule is rejected (required)")
+    _add_actor(p)
+    p.add_argument("--json", action="store_true", help="print the rule as JSON")
+
+
+def cmd_reject(args: argparse.Namespace, out: TextIO) -> int:
+    from service import review
+
+    db = open_db()
+    try:
+        with db.session() as session:
+            rule = store.rule_to_dict(review.reject(session, args.rule_id, actor=actor_of(args), reason=args.reason))
+    finally:
+        db.close()
+    out.write(json.dumps(rule, indent=2) + "\n" if args.json
+              else f"{rule['id']}: rejected (version {rule['version']}): {rule['review_note']}\n")
+    return EXIT_OK
+
+
+# -- export / import ---------------------------------------------------------------------------------
+def _configure_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", choices=[k.value for k in RuleKind], metavar="K", help="filter or diagnosis")
+    p.add_argument("--status", default="active", choices=[*(s.value for s in RuleStatus), "all"], metavar="S",
+                   help="active (default), pending, rejected, disabled or all")
+    p.add_argument("--scope", metavar="SCOPE")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the pack here (default: standard output)")
+    _add_actor(p)
+
+
+def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    from service import review
+
+    db = open_db()
+    try:
+        with db.session() as session:
+            text, count = review.export_pack(session, kind=args.kind, scope=args.scope, actor=actor_of(args),
+                                             status=None if args.status == "all" else args.status)
+    finally:
+        db.close()
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError as exc:
+            raise BadInput(f"cannot write {args.output}: {exc.strerror or exc}") from None
+        sys.stderr.write(f"exported {count} rule(s) to {args.output}\n")
+    else:
+        out.write(text)
+    return EXIT_OK
+
+
+def _configure_import(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH", help="a YAML rule pack ('-' is standard input)")
+    p.add_argument("--status", default="pending", choices=["pending", "active"],
+                   help="status of the new rules (default pending: they wait for review)")
+    p.add_argument("--on-conflict", default="skip", choices=["skip", "replace", "fail"],
+                   help="a stored rule of the same id and other content: keep it (skip), "
+                        "make a new version of it (replace), or import nothing (fail)")
+    _add_actor(p)
+    p.add_argument("--json", action="store_true")
+
+
+def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
+    if args.path == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            with open(args.path, encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(f"cannot read {args.path}: {getattr(exc, 'strerror', None) or exc}") from None
+    db = open_db()
+    try:
+        reviewer = _review(db)
+        with db.session() as session:
+            result = reviewer.import_pack(session, text, actor=actor_of(args), status=args.status,
+                                          on_conflict=args.on_conflict)
+    finally:
+        db.close()
+    if args.json:
+        out.write(json.dumps(result, indent=2) + "\n")
+    else:
+        counts = ", ".join(f"{len(v)} {k}" for k, v in result.items() if isinstance(v, list))
+        out.write(f"imported as {result['status']}: {counts}\n")
+        for rule_id in result["skipped"]:
+            out.write(f"  skipped {rule_id}: stored with other content (see --on-conflict)\n")
+    return EXIT_OK
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {
     "list": Subcommand("list stored rules with their provenance", _configure_list, cmd_list),
+    "approve": Subcommand("make a suggested rule active", _configure_approve, cmd_approve),
+    "reject": Subcommand("reject a rule, with a reason", _configure_reject, cmd_reject),
+    "export": Subcommand("write rules as a YAML rule pack", _configure_export, cmd_export),
+    "import": Subcommand("read a YAML rule pack; every rule is validated", _configure_import, cmd_import),
 }
 
 

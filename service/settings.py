@@ -59,6 +59,10 @@ class Settings(BaseSettings):
 
     admin_enabled: bool = True
     admin_token: SecretStr = SecretStr("")
+    admin_token_label: str = "admin"
+    """Who the audit log names for what is done with admin_token."""
+    admin_tokens: SecretStr = SecretStr("")
+    """More admin tokens, each with its owner's label: `alice:<token>,bob:<token>`."""
 
     max_request_bytes: int = 2 << 30
     max_gzip_ratio: int = 200
@@ -95,15 +99,47 @@ class Settings(BaseSettings):
     def llm_configured(self) -> bool:
         return bool(self.llm_base_url)
 
+    def admin_credentials(self) -> list[tuple[str, str]]:
+        """(owner label, token) of every admin token; empty tokens are left out."""
+        out = []
+        token = self.admin_token.get_secret_value()
+        if token:
+            out.append((self.admin_token_label.strip() or "admin", token))
+        for item in self.admin_tokens.get_secret_value().split(","):
+            if item.strip():
+                label, sep, secret = item.strip().partition(":")
+                if not sep or not label.strip():
+                    raise ConfigError("FAULTLINE_ADMIN_TOKENS must be `label:token` pairs separated by commas")
+                out.append((label.strip(), secret.strip()))
+        return out
+
     def require_admin_token(self) -> None:
         """The service refuses to start with admin enabled and no real token."""
         if not self.admin_enabled:
             return
-        token = self.admin_token.get_secret_value()
-        if token.strip().lower() in PLACEHOLDER_TOKENS or len(token) < 16:
+        credentials = self.admin_credentials()
+        if not credentials:
             raise ConfigError(
                 "FAULTLINE_ADMIN_TOKEN must be set to a secret of at least 16 characters "
                 "(or set FAULTLINE_ADMIN_ENABLED=false)")
+        labels = [label for label, _ in credentials]
+        if len(set(labels)) != len(labels):
+            raise ConfigError("admin token labels must be unique (FAULTLINE_ADMIN_TOKEN_LABEL, FAULTLINE_ADMIN_TOKENS)")
+        for label, token in credentials:
+            if is_placeholder(token):
+                raise ConfigError(
+                    f"the admin token of {label!r} is a placeholder or shorter than {MIN_TOKEN_CHARS} characters: "
+                    "set FAULTLINE_ADMIN_TOKEN to a real secret (or FAULTLINE_ADMIN_ENABLED=false)")
+
+
+MIN_TOKEN_CHARS = 16
+
+
+def is_placeholder(token: str) -> bool:
+    """Empty, a known placeholder (`changeme`, `secret`, ...), one repeated character, or short."""
+    plain = token.strip().lower()
+    return (plain in PLACEHOLDER_TOKENS or len(token) < MIN_TOKEN_CHARS or len(set(plain)) < 4
+            or any(word in plain for word in ("changeme", "change-me", "changethis", "placeholder")))
 
 
 class _ConfigFileSource(PydanticBaseSettingsSource):

@@ -132,6 +132,37 @@ def rule_history(session: Session, rule_id: str) -> list[RuleVersion]:
                                 .order_by(RuleVersion.version, RuleVersion.id)).all())
 
 
+def audit_entries(session: Session, *, target: str | None = None, actor: str | None = None,
+                  action: str | None = None, limit: int = 100, offset: int = 0) -> tuple[list[AuditEntry], int]:
+    """Audit entries, newest first; `action` matches a prefix (`rule.` finds every rule action)."""
+    query = select(AuditEntry)
+    if target:
+        query = query.where(AuditEntry.target == target)
+    if actor:
+        query = query.where(AuditEntry.actor == actor)
+    if action:
+        query = query.where(AuditEntry.action.startswith(action))
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(AuditEntry.id.desc()).limit(limit).offset(offset)).all()
+    return list(rows), total
+
+
+def audit_to_dict(entry: AuditEntry) -> dict[str, Any]:
+    return {"id": entry.id, "at": entry.at.isoformat() if entry.at else None, "actor": entry.actor,
+            "action": entry.action, "target": entry.target, "details": entry.details or {}}
+
+
+def version_to_dict(version: RuleVersion) -> dict[str, Any]:
+    return {"version": version.version, "change": version.change, "changed_by": version.changed_by,
+            "changed_at": version.changed_at.isoformat() if version.changed_at else None, "data": version.data}
+
+
+def error_lines(session: Session, *, limit: int = 5000) -> list[str]:
+    """The most recent error-like kept lines of stored jobs."""
+    return list(session.scalars(select(KeptLineRow.text).where(KeptLineRow.error_like.is_(True))
+                                .order_by(KeptLineRow.id.desc()).limit(limit)).all())
+
+
 def add_hits(session: Session, hits: dict[str, int]) -> None:
     for rule_id, count in hits.items():
         if count:
@@ -150,11 +181,19 @@ class RuleStore:
 
     def active_rules(self) -> tuple[list[FilterRule], list[DiagnosisRule]]:
         with self.db.session() as session:
-            rows = session.scalars(select(RuleRow).where(RuleRow.status == RuleStatus.ACTIVE)
-                                   .order_by(RuleRow.created_at, RuleRow.id)).all()
-            filters = [row_to_filter_rule(r) for r in rows if r.kind == RuleKind.FILTER]
-            diagnosis = [row_to_diagnosis_rule(r) for r in rows if r.kind == RuleKind.DIAGNOSIS]
+            return self.rows_to_rules(active_rows(session))
+
+    @staticmethod
+    def rows_to_rules(rows: Iterable[RuleRow]) -> tuple[list[FilterRule], list[DiagnosisRule]]:
+        rows = list(rows)
+        filters = [row_to_filter_rule(r) for r in rows if r.kind == RuleKind.FILTER]
+        diagnosis = [row_to_diagnosis_rule(r) for r in rows if r.kind == RuleKind.DIAGNOSIS]
         return filters, diagnosis
+
+
+def active_rows(session: Session) -> list[RuleRow]:
+    return list(session.scalars(select(RuleRow).where(RuleRow.status == RuleStatus.ACTIVE)
+                                .order_by(RuleRow.created_at, RuleRow.id)).all())
 
 
 # -- jobs ----------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ async def diagnose(
     diagnosis = await run_in_threadpool(run.finish)
     result = diagnosis.to_dict()
     job_id = await run_in_threadpool(_store, ctx, run, meta, result)
-    await run_in_threadpool(ctx.after_run, run, diagnosis)
+    await run_in_threadpool(lambda: ctx.after_run(run, diagnosis, entry="diagnose"))
     return {"job_id": job_id, **result}
 
 
@@ -77,6 +77,9 @@ def _store(ctx, run: JobRun, meta: JobMeta, result: dict[str, Any]) -> str:
         job = store.create_job(session, name=meta.name, family=job_family(meta.name),
                                framework=meta.framework, tags=meta.tags)
         job.bytes_received = run.bytes_in
+        curve = run.loss_curve()
+        if curve:
+            job.meta = {**(job.meta or {}), "loss_curve": curve}
         store.save_diagnosis(session, job, result, finished=True)
         store.save_kept_lines(session, job.id, run.compressed.lines())
         return job.id

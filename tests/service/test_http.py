@@ -28,7 +28,7 @@ ROOT_LINE = "[default3]:KeyError: 'optimizer_config'"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> str:
     data = tmp_path_factory.mktemp("http-data")
-    settings = Settings(data_dir=data, admin_token="x" * 32, max_request_bytes=2_000_000)
+    settings = Settings(data_dir=data, admin_token="test-admin-token-5f2c9a1e7b", max_request_bytes=2_000_000)
     with running_server(settings) as url:
         yield url
 

@@ -1,0 +1,131 @@
+"""Admin authentication: bearer tokens with owner labels, compared in constant time, and
+the signed session cookie and CSRF tokens of the /admin web page.
+
+Tokens are compared as SHA-256 digests with `hmac.compare_digest`, against every known token
+without stopping at the first match, so neither the token's content nor which owner it
+belongs to shows in the response time.
+
+The web page signs in with the same token once; the cookie then holds the owner's label,
+an expiry and a random nonce, signed with HMAC under a key derived from that owner's token:
+every worker process can check it without shared state, and changing or removing a token
+ends its sessions. Each form carries a CSRF token, an HMAC of the session nonce; the cookie
+is also `SameSite=Strict` and `HttpOnly`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from service.errors import Forbidden, NotFound, Unauthorized
+from service.settings import Settings
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+SESSION_COOKIE = "faultline_admin"
+SESSION_TTL_S = 8 * 3600
+
+
+@dataclass(frozen=True)
+class WebSession:
+    label: str
+    nonce: str
+    expires: int
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class AdminTokens:
+    def __init__(self, credentials: list[tuple[str, str]]):
+        self._digests = [(label, _digest(token)) for label, token in credentials]
+        self._keys = {label: hmac.new(digest, b"faultline-admin-session", hashlib.sha256).digest()
+                      for label, digest in self._digests}
+
+    # -- web sessions ------------------------------------------------------------------------------
+    def new_session(self, label: str) -> tuple[WebSession, str]:
+        """A session for a signed-in owner, and its cookie value."""
+        session = WebSession(label, secrets.token_urlsafe(18), int(time.time()) + SESSION_TTL_S)
+        payload = _b64(json.dumps({"l": session.label, "n": session.nonce, "e": session.expires}).encode())
+        signature = hmac.new(self._keys[label], payload.encode(), hashlib.sha256).hexdigest()
+        return session, f"{payload}.{signature}"
+
+    def read_session(self, cookie: str | None) -> WebSession | None:
+        """The session of a cookie whose signature, owner and expiry hold, else None."""
+        if not cookie or "." not in cookie or len(cookie) > 4096:
+            return None
+        payload, _, signature = cookie.rpartition(".")
+        try:
+            data = json.loads(_unb64(payload))
+            label, nonce, expires = str(data["l"]), str(data["n"]), int(data["e"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        key = self._keys.get(label)
+        if key is None:
+            return None
+        expected = hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, signature) or expires < time.time():
+            return None
+        return WebSession(label, nonce, expires)
+
+    def csrf_token(self, session: WebSession) -> str:
+        return hmac.new(self._keys[session.label], b"csrf:" + session.nonce.encode(), hashlib.sha256).hexdigest()
+
+    def check_csrf(self, session: WebSession, presented: str | None) -> bool:
+        return bool(presented) and hmac.compare_digest(self.csrf_token(session), str(presented))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AdminTokens:
+        return cls(settings.admin_credentials() if settings.admin_enabled else [])
+
+    def owner(self, presented: str) -> str | None:
+        """The label of the token presented, or None."""
+        digest = _digest(presented)
+        found = None
+        for label, known in self._digests:
+            if hmac.compare_digest(digest, known) and found is None:
+                found = label
+        return found
+
+    def __bool__(self) -> bool:
+        return bool(self._digests)
+
+
+class BearerRequired(Unauthorized):
+    headers = {"WWW-Authenticate": 'Bearer realm="faultline-admin"'}
+
+
+def bearer_token(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    if not header.strip():
+        raise BearerRequired("missing Authorization header: send `Authorization: Bearer <FAULTLINE_ADMIN_TOKEN>`")
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise BearerRequired("Authorization must be `Bearer <FAULTLINE_ADMIN_TOKEN>`")
+    return token.strip()
+
+
+def require_admin(request: Request) -> str:
+    """FastAPI dependency: the owner label of a valid admin token (401 none, 403 wrong)."""
+    tokens: AdminTokens = request.app.state.admin_tokens
+    if not tokens:
+        raise NotFound("the admin API is disabled (FAULTLINE_ADMIN_ENABLED=false)")
+    owner = tokens.owner(bearer_token(request))
+    if owner is None:
+        raise Forbidden("the admin token is not valid")
+    return owner

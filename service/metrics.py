@@ -1,0 +1,135 @@
+"""Prometheus metrics (prometheus-client), one registry per app, never the global one.
+
+Labels take values from small fixed sets (taxonomy reasons, origins, statuses, route
+templates, check names): never a job id, a rank, a rule id or a raw path, so the number of
+series stays bounded whatever the traffic. Counters are declared without the `_total`
+suffix; prometheus-client adds it to the exposed sample names.
+
+With `faultline serve --workers N`, each worker process counts its own requests; scrape
+them one by one or run one worker per container.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+disable_created_metrics()  # no `_created` series: they double the output and say little here
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _source_kind(source: str | None) -> str:
+    """`rule:<id>` -> `rule`: the kind of what named the root cause, not the rule itself."""
+    if not source:
+        return "none"
+    return source.split(":", 1)[0][:32]
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.lines_ingested = Counter("faultline_lines_ingested", "Log lines read, by entry point.",
+                                      ["entry"], registry=r)
+        self.lines_filtered = Counter("faultline_lines_filtered", "Log lines dropped by filter rules.",
+                                      ["entry"], registry=r)
+        self.bytes_ingested = Counter("faultline_bytes_ingested", "Log bytes read (before decompression).",
+                                      ["entry"], registry=r)
+        self.diagnoses = Counter("faultline_diagnoses", "Diagnoses made, by job status, root-cause reason, "
+                                 "origin and what named it (rule, failure_agent, retrieval, progress, ...).",
+                                 ["status", "reason", "origin", "source"], registry=r)
+        self.agent_calls = Counter("faultline_agent_calls", "Calls to an agent's backend (one per segment for "
+                                   "the Log Agent), by agent and backend kind.", ["agent", "backend"], registry=r)
+        self.votes = Counter("faultline_agent_votes", "Ballots cast by self-consistency voting; outcome is "
+                             "cast or failed (no usable reply).", ["agent", "outcome"], registry=r)
+        self.rules_accepted = Counter("faultline_rules_accepted", "Rules an agent proposed that won the vote "
+                                      "and passed validation.", ["agent", "kind"], registry=r)
+        self.validation_rejections = Counter("faultline_validation_rejections", "Rules refused by validation, "
+                                             "by who proposed them and the first check that failed.",
+                                             ["origin", "check"], registry=r)
+        self.admin_actions = Counter("faultline_admin_actions", "Admin actions on rules.", ["action"], registry=r)
+        self.request_latency = Histogram("faultline_http_request_duration_seconds", "HTTP request latency, by "
+                                         "method, route template and status code.", ["method", "route", "status"],
+                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.rules = Gauge("faultline_rules", "Stored rules (learned, suggested, imported) by kind and status.",
+                           ["kind", "status"], registry=r)
+
+    # -- observations ----------------------------------------------------------------------------
+    def observe_diagnosis(self, diagnosis: dict[str, Any], *, entry: str) -> None:
+        compression = diagnosis.get("compression") or {}
+        lines_in = int(compression.get("lines_in") or 0)
+        kept = int(compression.get("lines_kept") or 0)
+        self.lines_ingested.labels(entry).inc(lines_in)
+        self.lines_filtered.labels(entry).inc(max(0, lines_in - kept))
+        self.bytes_ingested.labels(entry).inc(int(compression.get("bytes_in") or 0))
+        root = diagnosis.get("root_cause") or {}
+        self.diagnoses.labels(diagnosis.get("status") or "unknown", root.get("reason") or "none",
+                              root.get("origin") or "none", _source_kind(root.get("source"))).inc()
+
+    def log_agent_report(self, report: dict[str, Any]) -> None:
+        """One segment the Log Agent worked on (agents.log_agent.JobLogAgent.reports)."""
+        backend = str(report.get("kind") or "unknown")[:32]
+        self.agent_calls.labels("log_agent", backend).inc()
+        ballots, failed = int(report.get("ballots") or 0), int(report.get("failed_ballots") or 0)
+        self.votes.labels("log_agent", "cast").inc(max(0, ballots - failed))
+        self.votes.labels("log_agent", "failed").inc(failed)
+        self.rules_accepted.labels("log_agent", "filter").inc(len(report.get("accepted") or ()))
+        for rejected in report.get("rejected") or ():
+            failed_checks = rejected.get("failed") or ["unknown"]
+            self.validation_rejections.labels("log_agent", failed_checks[0]).inc()
+
+    def validation_rejected(self, origin: str, failed: list[str]) -> None:
+        self.validation_rejections.labels(origin, (failed or ["unknown"])[0]).inc()
+
+    def admin_action(self, action: str) -> None:
+        self.admin_actions.labels(action).inc()
+
+    def set_rule_counts(self, counts: dict[str, dict[str, int]]) -> None:
+        self.rules.clear()
+        for kind, by_status in counts.items():
+            for status, n in by_status.items():
+                self.rules.labels(kind, status).set(n)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class LatencyMiddleware:
+    """Pure ASGI middleware: request latency by route template (never the raw path, which
+    holds job and rule ids); requests that match no route count as `unmatched`."""
+
+    def __init__(self, app: Any, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = [500]
+
+        async def send_status(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.request_latency.labels(scope.get("method", "?"), template, str(status[0])).observe(
+                time.perf_counter() - start)
