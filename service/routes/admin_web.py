@@ -31,12 +31,42 @@ SECURITY_HEADERS = {
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # not no-referrer: with it a browser sends `Origin: null` on every form post (Fetch
+    # standard), which the same-origin check must refuse; same-origin still sends nothing
+    # to other sites
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 PENDING_ON_PAGE = 50
 JOBS_ON_PAGE = 20
 KEPT_LINES_ON_PAGE = 400
+AXIS_LEFT = 56
+AXIS_BOTTOM = 20
+"""Room for the loss labels left of a job page's loss curve, and for the step labels under it."""
+
+
+def when(value: Any) -> str:
+    """An ISO time or datetime as `YYYY-MM-DD HH:MM:SS` (UTC, as stored)."""
+    text = value.isoformat() if hasattr(value, "isoformat") else str(value or "")
+    return text[:19].replace("T", " ")
+
+
+def details(value: Any) -> str:
+    """An audit entry's details as `key: value; ...`, lists joined, empty ones left out."""
+    if not isinstance(value, dict):
+        return str(value or "")
+    parts = []
+    for key, item in value.items():
+        if item in (None, "", [], {}):
+            continue
+        if isinstance(item, list | tuple):
+            item = ", ".join(map(str, item))
+        parts.append(f"{key}: {item}")
+    return "; ".join(parts)
+
+
+templates.env.filters["when"] = when
+templates.env.filters["details"] = details
 
 
 def _tokens(request: Request) -> AdminTokens:
@@ -174,7 +204,7 @@ def job_page(request: Request, job_id: str) -> Response:
         job = store.get_job(db, job_id)
         if job is None:
             return _page(request, "missing.html", {"what": f"job {job_id}"}, status=404, session=session)
-        view = _job_view(job, width=640, height=180)
+        view = _job_view(job, width=720, height=220, axes=True)
         kept = store.kept_lines(db, job_id, limit=KEPT_LINES_ON_PAGE)
     return _page(request, "job.html", {"job": view, "kept": kept, "limit": KEPT_LINES_ON_PAGE}, session=session)
 
@@ -265,7 +295,7 @@ def _with_last_dry_run(db, rule: dict[str, Any]) -> dict[str, Any]:
     return rule
 
 
-def _job_view(job, *, width: int = 160, height: int = 36) -> dict[str, Any]:
+def _job_view(job, *, width: int = 160, height: int = 36, axes: bool = False) -> dict[str, Any]:
     diagnosis = job.diagnosis or {}
     comp = diagnosis.get("compression") or {}
     lines_in, kept = comp.get("lines_in") or 0, comp.get("lines_kept") or 0
@@ -276,20 +306,24 @@ def _job_view(job, *, width: int = 160, height: int = 36) -> dict[str, Any]:
         "lines_in": lines_in, "lines_kept": kept,
         "kept_share": f"{kept / lines_in:.1%}" if lines_in else "-",
         "other_errors": diagnosis.get("other_errors") or [], "filtered": (diagnosis.get("filtered") or [])[:20],
-        "curve": loss_polyline((job.meta or {}).get("loss_curve") or [], width, height),
+        "curve": loss_polyline((job.meta or {}).get("loss_curve") or [], width, height, axes=axes),
         "width": width, "height": height,
     }
 
 
-def loss_polyline(points: list, width: int, height: int, pad: int = 2) -> dict[str, Any] | None:
-    """SVG polyline coordinates for [step, loss] pairs (numbers only, computed here)."""
+def loss_polyline(points: list, width: int, height: int, pad: int = 2, *, axes: bool = False) -> dict[str, Any] | None:
+    """SVG polyline coordinates for [step, loss] pairs (numbers only, computed here); with
+    `axes`, room is left on the left and at the bottom for the loss and step labels."""
     clean = [(float(s), float(v)) for s, v in points
              if isinstance(s, int | float) and isinstance(v, int | float) and math.isfinite(v)]
     if len(clean) < 2:
         return None
     steps, losses = [s for s, _ in clean], [v for _, v in clean]
     s0, s1, lo, hi = min(steps), max(steps), min(losses), max(losses)
-    sx = (width - 2 * pad) / ((s1 - s0) or 1.0)
-    sy = (height - 2 * pad) / ((hi - lo) or 1.0)
-    coords = " ".join(f"{pad + (s - s0) * sx:.1f},{height - pad - (v - lo) * sy:.1f}" for s, v in clean)
-    return {"points": coords, "first": clean[0], "last": clean[-1], "min": lo, "max": hi}
+    left, top, right, bottom = (AXIS_LEFT, 8, width - 8, height - AXIS_BOTTOM) if axes else (
+        pad, pad, width - pad, height - pad)
+    sx = (right - left) / ((s1 - s0) or 1.0)
+    sy = (bottom - top) / ((hi - lo) or 1.0)
+    coords = " ".join(f"{left + (s - s0) * sx:.1f},{bottom - (v - lo) * sy:.1f}" for s, v in clean)
+    return {"points": coords, "first": clean[0], "last": clean[-1], "min": lo, "max": hi,
+            "box": {"left": left, "top": top, "right": right, "bottom": bottom}, "axes": axes}
