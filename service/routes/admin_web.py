@@ -187,7 +187,8 @@ def _rule_page(request: Request, session: WebSession, rule_id: str, *, status: i
     with ctx.db.session() as db:
         row = store.get_rule(db, rule_id)
         if row is None:
-            return _page(request, "missing.html", {"what": f"rule {rule_id}"}, status=404, session=session)
+            return _page(request, "missing.html", {"what": f"rule {review.shown(rule_id)}"}, status=404,
+                         session=session)
         rule = review.rule_detail(db, row)
     rule["examples_text"] = "\n".join(review.examples_of(row))
     return _page(request, "rule.html", {"rule": rule, "error": error, "dry_run": dry_run, "form": form or {}},
@@ -203,7 +204,8 @@ def job_page(request: Request, job_id: str) -> Response:
     with ctx.db.session() as db:
         job = store.get_job(db, job_id)
         if job is None:
-            return _page(request, "missing.html", {"what": f"job {job_id}"}, status=404, session=session)
+            return _page(request, "missing.html", {"what": f"job {review.shown(job_id)}"}, status=404,
+                         session=session)
         view = _job_view(job, width=720, height=220, axes=True)
         kept = store.kept_lines(db, job_id, limit=KEPT_LINES_ON_PAGE)
     return _page(request, "job.html", {"job": view, "kept": kept, "limit": KEPT_LINES_ON_PAGE}, session=session)
