@@ -81,7 +81,7 @@ def _page(request: Request, name: str, context: dict[str, Any], *, status: int =
           session: WebSession | None = None) -> HTMLResponse:
     context = {**context, "session": session,
                "csrf": _tokens(request).csrf_token(session) if session else "",
-               "message": request.query_params.get("msg", "")[:300]}
+               "message": _done_message(request)}
     response = templates.TemplateResponse(request, name, context, status_code=status)
     response.headers.update(SECURITY_HEADERS)
     return response
@@ -91,8 +91,25 @@ def _to_login() -> RedirectResponse:
     return RedirectResponse("/admin/login", status_code=303)
 
 
-def _back(path: str, message: str) -> RedirectResponse:
-    return RedirectResponse(f"{path}?{urlencode({'msg': message})}", status_code=303)
+DONE = {
+    "approve": "Approved {rule}: it applies to the next diagnosis.",
+    "reject": "Rejected {rule}.",
+    "edit": "Saved a new version of {rule}.",
+}
+"""What the page says after an action. The redirect names the action and the rule, not the
+text: a link with text of its own in the query would put anyone's words on this page."""
+
+
+def _back(path: str, action: str, rule_id: str) -> RedirectResponse:
+    return RedirectResponse(f"{path}?{urlencode({'done': action, 'rule': rule_id})}", status_code=303)
+
+
+def _done_message(request: Request) -> str:
+    template = DONE.get(request.query_params.get("done", ""))
+    rule_id = request.query_params.get("rule", "")
+    if template is None or not review.RULE_ID_RE.fullmatch(rule_id):
+        return ""
+    return template.format(rule=rule_id)
 
 
 def _same_origin(request: Request) -> bool:
@@ -218,8 +235,7 @@ async def approve(request: Request, rule_id: str) -> Response:
     if refused is not None:
         return refused
     return await _act(request, session, rule_id, "approve",
-                      lambda db: review.approve(db, rule_id, actor=session.label, note=form.get("note", "")),
-                      f"Approved {rule_id}: it applies to the next diagnosis.", form)
+                      lambda db: review.approve(db, rule_id, actor=session.label, note=form.get("note", "")), form)
 
 
 @router.post("/rule/{rule_id}/reject")
@@ -228,8 +244,7 @@ async def reject(request: Request, rule_id: str) -> Response:
     if refused is not None:
         return refused
     return await _act(request, session, rule_id, "reject",
-                      lambda db: review.reject(db, rule_id, actor=session.label, reason=form.get("reason", "")),
-                      f"Rejected {rule_id}.", form)
+                      lambda db: review.reject(db, rule_id, actor=session.label, reason=form.get("reason", "")), form)
 
 
 @router.post("/rule/{rule_id}/edit")
@@ -249,8 +264,7 @@ async def edit(request: Request, rule_id: str) -> Response:
             current["examples"] = review.examples_of(row)
             changes = {k: v for k, v in changes.items() if v != current.get(k)}
     return await _act(request, session, rule_id, "edit",
-                      lambda db: ctx.review.edit(db, rule_id, changes, actor=session.label),
-                      f"Saved a new version of {rule_id}.", form)
+                      lambda db: ctx.review.edit(db, rule_id, changes, actor=session.label), form)
 
 
 @router.post("/rule/{rule_id}/dry-run")
@@ -273,7 +287,7 @@ async def dry_run(request: Request, rule_id: str) -> Response:
     return _rule_page(request, session, rule_id, dry_run=result, form=form)
 
 
-async def _act(request: Request, session: WebSession, rule_id: str, action: str, fn, done: str,
+async def _act(request: Request, session: WebSession, rule_id: str, action: str, fn,
                form: dict[str, str]) -> Response:
     ctx = request.app.state.ctx
 
@@ -287,7 +301,7 @@ async def _act(request: Request, session: WebSession, rule_id: str, action: str,
         return _rule_page(request, session, rule_id, status=exc.status_code, error=str(exc), form=form)
     ctx.metrics.admin_action(action)
     target = form.get("next") if form.get("next") in ("/admin", f"/admin/rule/{rule_id}") else f"/admin/rule/{rule_id}"
-    return _back(target, done)
+    return _back(target, action, rule_id)
 
 
 # -- views -----------------------------------------------------------------------------------------
