@@ -39,6 +39,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOTS_DIR = os.environ.get("SCREENSHOTS_DIR", "")
+expect.set_options(timeout=30_000)  # a dry-run replays stored jobs; CI shares two cores
 
 pytestmark = pytest.mark.skipif(
     not os.access(CHROMIUM, os.X_OK),
@@ -47,25 +48,27 @@ pytestmark = pytest.mark.skipif(
 
 TOKEN = "brw-8c2e6a1f4d9b0357"
 HOSTILE = "<script>alert('xss')</script><img src=x onerror=alert(1)>"
-ITERATION = ("[default0]:[2025-03-31 05:{minute:02d}:07] iteration {step:>8}/  242204 | consumed samples: {samples:>12} | "
-             "elapsed time per iteration (ms): 1552.8 | learning rate: 8.000000E-06 | global batch size:  1008 | "
-             "lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: 1.520 | number of skipped iterations:   0 | "
-             "number of nan iterations:   0 |")
+ITERATION = ("[default0]:[2025-03-31 05:{minute:02d}:07] iteration {step:>8}/  242204 | "
+             "consumed samples: {samples:>12} | elapsed time per iteration (ms): 1552.8 | "
+             "learning rate: 8.000000E-06 | global batch size:  1008 | lm loss: {loss:.6E} | loss scale: 1.0 | "
+             "grad norm: 1.520 | number of skipped iterations:   0 | number of nan iterations:   0 |")
 # a Megatron job that got to step 600 with a falling loss, then died on a KeyError whose key
 # is markup: the page must show it as text
 MEGATRON = "".join(ITERATION.format(minute=(s // 10) % 60, step=s, samples=s * 1008,
                                     loss=2.4 + 4.2 * 0.993 ** s + 0.03 * ((s * 7919) % 13) / 13) + "\n"
                    for s in range(10, 610, 10)) + (
     "[default3]:Traceback (most recent call last):\n"
-    '[default3]:  File "/workspace/Megatron-LM/megatron/core/datasets/blended_dataset.py", line 105, in __getitem__\n'
+    '[default3]:  File "/workspace/Megatron-LM/megatron/core/datasets/blended_dataset.py", line 105, '
+    "in __getitem__\n"
     "[default3]:    dataset_id = self.dataset_index[idx]\n"
     f"[default3]:KeyError: '{HOSTILE}'\n")
 MEGATRON_NAME = "gpt-7b-20250331-ab12cd"
-# a job that could not fetch a data shard: its last error holds a 400-character URL with no
-# space in it, which must wrap rather than widen the page
-SHARD_URL = ("/llm-datasets/web-mix-v3/shards/cc-2024-18/part-000731-of-004096.jsonl.zst?X-Amz-Algorithm="
-             "AWS4-HMAC-SHA256&X-Amz-Date=20250402T081532Z&X-Amz-Expires=3600&X-Amz-SignedHeaders=host&x-id=GetObject"
-             "&response-content-disposition=attachment%3B%20filename%3Dpart-000731-of-004096.jsonl.zst&partNumber=1"
+# a job that could not fetch a data shard: its last error holds a presigned URL of 357
+# characters with no space in it, which must wrap rather than widen the page
+SHARD_URL = ("/llm-datasets/web-mix-v3/shards/cc-2024-18/part-000731-of-004096.jsonl.zst?"
+             "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date=20250402T081532Z&X-Amz-Expires=3600"
+             "&X-Amz-SignedHeaders=host&x-id=GetObject&response-content-disposition=attachment%3B%20filename"
+             "%3Dpart-000731-of-004096.jsonl.zst&partNumber=1"
              "&versionId=3HL4kqtJvjVBH40Nrjfkd%2FuF6Jg0bR7Vq2Tn9wE1sLpXoMcYd")
 # and, before that, a record that was not UTF-8, printed as Python shows bytes: 480
 # characters with no place where a browser may break the line by itself
@@ -102,7 +105,8 @@ def diagnose(site: str, text: str, **params: str) -> dict:
 
 
 def api(site: str, method: str, path: str, **kwargs) -> httpx.Response:
-    return httpx.request(method, f"{site}{path}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60, **kwargs)
+    return httpx.request(method, f"{site}{path}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60,
+                         **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -309,8 +313,9 @@ def test_job_page_shows_the_loss_curve_and_long_lines_stay_inside(page: Page, tm
     page.get_by_role("link", name=DATA_JOB_NAME).click()
     expect(page.locator("table.kept")).to_contain_text(SHARD_URL[-40:])
     expect(page.locator("table.kept")).to_contain_text(BAD_RECORD)
+    data_job = page.url
     for width in (1280, 820):
         page.set_viewport_size({"width": width, "height": 900})
-        for path in ("/admin", megatron_job, page.url):
+        for path in ("/admin", megatron_job, data_job):
             page.goto(path)
             assert no_horizontal_overflow(page), (width, path)
