@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_LOG ?= fixtures/logs/cases/megatron/ecc_error.log
 
-.PHONY: install demo serve test test-postgres bench fixtures
+.PHONY: install chromium demo serve test test-postgres bench fixtures screenshots
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,18 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed chromium
+
+# The browser test of /admin drives Debian's chromium (Playwright never downloads a browser
+# here). Installed when missing and we are root; otherwise that test is skipped, saying why.
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "warning: could not install chromium: the browser test will be skipped"; \
+	  else \
+	    echo "warning: /usr/bin/chromium is missing (apt-get install -y chromium as root): the browser test will be skipped"; \
+	  fi; \
+	fi
 
 demo: install
 	$(BIN)/faultline diagnose $(DEMO_LOG)
@@ -30,3 +41,7 @@ bench: install
 
 fixtures: install
 	$(BIN)/python -m fixtures.logs.generate cases
+
+# docs/screenshots/*.png: the /admin pages as the browser test sees them
+screenshots: install
+	SCREENSHOTS_DIR=docs/screenshots $(BIN)/python -m pytest -q -p no:cacheprovider tests/service/test_admin_browser.py

@@ -24,9 +24,33 @@ from prometheus_client import (
     generate_latest,
 )
 
+from rules.taxonomy import JobStatus, Origin, is_reason
+
 disable_created_metrics()  # no `_created` series: they double the output and say little here
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""Any other method a client makes up counts as `other`, or each would be a new series."""
+
+
+def _one_of(value: str | None, known: Any) -> str:
+    """value when it is one of the known ones, `none` when absent, else `other`: label values
+    come from a fixed set even if a diagnosis (an agent's, say) holds something unexpected."""
+    if not value:
+        return "none"
+    return value if value in known else "other"
+
+
+STATUSES = frozenset(s.value for s in JobStatus)
+ORIGINS = frozenset(o.value for o in Origin)
+
+
+def _reason(reason: str | None) -> str:
+    if isinstance(reason, str) and is_reason(reason):
+        return reason
+    return _one_of(reason, ())
 
 
 def _source_kind(source: str | None) -> str:
@@ -75,8 +99,8 @@ class Metrics:
         self.lines_filtered.labels(entry).inc(max(0, lines_in - kept))
         self.bytes_ingested.labels(entry).inc(int(compression.get("bytes_in") or 0))
         root = diagnosis.get("root_cause") or {}
-        self.diagnoses.labels(diagnosis.get("status") or "unknown", root.get("reason") or "none",
-                              root.get("origin") or "none", _source_kind(root.get("source"))).inc()
+        self.diagnoses.labels(_one_of(diagnosis.get("status"), STATUSES), _reason(root.get("reason")),
+                              _one_of(root.get("origin"), ORIGINS), _source_kind(root.get("source"))).inc()
 
     def log_agent_report(self, report: dict[str, Any]) -> None:
         """One segment the Log Agent worked on (agents.log_agent.JobLogAgent.reports)."""
@@ -131,5 +155,7 @@ class LatencyMiddleware:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            self.metrics.request_latency.labels(scope.get("method", "?"), template, str(status[0])).observe(
+            method = scope.get("method", "")
+            self.metrics.request_latency.labels(method if method in HTTP_METHODS else "other", template,
+                                                str(status[0])).observe(
                 time.perf_counter() - start)

@@ -39,6 +39,8 @@ EVIDENCE_CUT = 500
 STORED_ERROR_LINES = 5000
 MAX_PACK_RULES = 10_000
 MAX_NOTE_CHARS = 2000
+RESERVED_IDS = frozenset({"export", "import"})
+"""Path segments of the admin API: a rule so named could not be read at /admin/rules/<id>."""
 DRY_RUN_JOBS = 100
 DRY_RUN_MAX_JOBS = 1000
 SAMPLE_LINES = 3
@@ -82,8 +84,14 @@ def rule_detail(session: Session, row: RuleRow) -> dict[str, Any]:
 def require_rule(session: Session, rule_id: str) -> RuleRow:
     row = store.get_rule(session, rule_id)
     if row is None:
-        raise NotFound(f"no rule {rule_id!r}")
+        raise NotFound(f"no rule {shown(rule_id)}")
     return row
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """repr() of a value from a request, cut short: an error message must not echo megabytes."""
+    text = repr(value) if not isinstance(value, list | dict) else f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 # -- status changes ----------------------------------------------------------------------------
@@ -113,7 +121,7 @@ def _note(text: str | None, *, required: bool) -> str:
 
 def check_scope(scope: Any) -> str:
     if not isinstance(scope, str) or not SCOPE_RE.fullmatch(scope):
-        raise Unprocessable(f"scope must be 'global', 'framework:<name>' or 'family:<name>', got {scope!r}")
+        raise Unprocessable(f"scope must be 'global', 'framework:<name>' or 'family:<name>', got {shown(scope)}")
     return scope
 
 
@@ -278,9 +286,9 @@ class Review:
         stored already is `unchanged` when its content is the same; otherwise `on_conflict`
         says: `skip` (keep the stored one), `replace` (a new version of it) or `fail` (409)."""
         if status not in (RuleStatus.PENDING, RuleStatus.ACTIVE):
-            raise Unprocessable(f"imported rules are pending or active, not {status!r}")
+            raise Unprocessable(f"imported rules are pending or active, not {shown(status)}")
         if on_conflict not in ("skip", "replace", "fail"):
-            raise Unprocessable(f"on_conflict must be skip, replace or fail, not {on_conflict!r}")
+            raise Unprocessable(f"on_conflict must be skip, replace or fail, not {shown(on_conflict)}")
         items = parse_pack(text)
         builtin_ids = {r.id for r in self.rulebook.builtin_filters} | {r.id for r in self.rulebook.builtin_diagnosis}
         errors = store.error_lines(session, limit=STORED_ERROR_LINES)
@@ -376,10 +384,10 @@ def _clean_field(key: str, value: Any) -> Any:
     if not isinstance(value, str):
         raise Unprocessable(f"{key} must be a string")
     if key == "reason" and not is_reason(value):
-        raise Unprocessable(f"unknown reason {value!r} (see the taxonomy)")
+        raise Unprocessable(f"unknown reason {shown(value)} (see the taxonomy)")
     for name, enum in (("tier", Tier), ("origin", Origin), ("action", Action)):
         if key == name and value not in {e.value for e in enum}:
-            raise Unprocessable(f"{name} must be one of {', '.join(e.value for e in enum)}, not {value!r}")
+            raise Unprocessable(f"{name} must be one of {', '.join(e.value for e in enum)}, not {shown(value)}")
     return value.strip() if key in ("description", "mitigation", "scope") else value
 
 
@@ -502,10 +510,22 @@ def pack_item(row: RuleRow) -> dict[str, Any]:
     return item
 
 
+class PackLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses anchors' aliases (`*name`): a rule pack has no use for
+    them, and nested ones (a "billion laughs") make a few hundred bytes into gigabytes
+    as soon as anything walks or prints the result."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "a rule pack may not use YAML aliases (*name)",
+                                              self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
 def parse_pack(text: str) -> list[dict[str, Any]]:
     """The rules of a YAML pack as row fields (plus `examples`), or a 422 saying what is wrong."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=PackLoader)  # noqa: S506 - a SafeLoader without aliases
     except yaml.YAMLError as exc:
         raise Unprocessable(f"not valid YAML: {str(exc)[:300]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
@@ -538,10 +558,12 @@ def _pack_fields(item: Any, default_scope: Any) -> dict[str, Any]:
         raise Unprocessable("each rule is a mapping")
     rule_id = item.get("id")
     if not isinstance(rule_id, str) or not RULE_ID_RE.fullmatch(rule_id):
-        raise Unprocessable(f"id {rule_id!r} is missing or not of letters, digits and ._:-")
+        raise Unprocessable(f"id {shown(rule_id)} is missing or not of letters, digits and ._:-")
+    if rule_id in RESERVED_IDS:
+        raise Unprocessable(f"id {rule_id!r} is reserved (a path of the admin API): choose another")
     kind = item.get("kind") or (RuleKind.DIAGNOSIS.value if "reason" in item else RuleKind.FILTER.value)
     if kind not in (RuleKind.FILTER, RuleKind.DIAGNOSIS):
-        raise Unprocessable(f"{rule_id}: kind must be filter or diagnosis, not {kind!r}")
+        raise Unprocessable(f"{rule_id}: kind must be filter or diagnosis, not {shown(kind)}")
     for key in ("examples", "counter_examples"):
         if item.get(key) is not None and not isinstance(item[key], list):
             raise Unprocessable(f"{rule_id}: {key} must be a list")

@@ -31,12 +31,42 @@ SECURITY_HEADERS = {
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # not no-referrer: with it a browser sends `Origin: null` on every form post (Fetch
+    # standard), which the same-origin check must refuse; same-origin still sends nothing
+    # to other sites
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 PENDING_ON_PAGE = 50
 JOBS_ON_PAGE = 20
 KEPT_LINES_ON_PAGE = 400
+AXIS_LEFT = 56
+AXIS_BOTTOM = 20
+"""Room for the loss labels left of a job page's loss curve, and for the step labels under it."""
+
+
+def when(value: Any) -> str:
+    """An ISO time or datetime as `YYYY-MM-DD HH:MM:SS` (UTC, as stored)."""
+    text = value.isoformat() if hasattr(value, "isoformat") else str(value or "")
+    return text[:19].replace("T", " ")
+
+
+def details(value: Any) -> str:
+    """An audit entry's details as `key: value; ...`, lists joined, empty ones left out."""
+    if not isinstance(value, dict):
+        return str(value or "")
+    parts = []
+    for key, item in value.items():
+        if item in (None, "", [], {}):
+            continue
+        if isinstance(item, list | tuple):
+            item = ", ".join(map(str, item))
+        parts.append(f"{key}: {item}")
+    return "; ".join(parts)
+
+
+templates.env.filters["when"] = when
+templates.env.filters["details"] = details
 
 
 def _tokens(request: Request) -> AdminTokens:
@@ -51,7 +81,7 @@ def _page(request: Request, name: str, context: dict[str, Any], *, status: int =
           session: WebSession | None = None) -> HTMLResponse:
     context = {**context, "session": session,
                "csrf": _tokens(request).csrf_token(session) if session else "",
-               "message": request.query_params.get("msg", "")[:300]}
+               "message": _done_message(request)}
     response = templates.TemplateResponse(request, name, context, status_code=status)
     response.headers.update(SECURITY_HEADERS)
     return response
@@ -61,8 +91,25 @@ def _to_login() -> RedirectResponse:
     return RedirectResponse("/admin/login", status_code=303)
 
 
-def _back(path: str, message: str) -> RedirectResponse:
-    return RedirectResponse(f"{path}?{urlencode({'msg': message})}", status_code=303)
+DONE = {
+    "approve": "Approved {rule}: it applies to the next diagnosis.",
+    "reject": "Rejected {rule}.",
+    "edit": "Saved a new version of {rule}.",
+}
+"""What the page says after an action. The redirect names the action and the rule, not the
+text: a link with text of its own in the query would put anyone's words on this page."""
+
+
+def _back(path: str, action: str, rule_id: str) -> RedirectResponse:
+    return RedirectResponse(f"{path}?{urlencode({'done': action, 'rule': rule_id})}", status_code=303)
+
+
+def _done_message(request: Request) -> str:
+    template = DONE.get(request.query_params.get("done", ""))
+    rule_id = request.query_params.get("rule", "")
+    if template is None or not review.RULE_ID_RE.fullmatch(rule_id):
+        return ""
+    return template.format(rule=rule_id)
 
 
 def _same_origin(request: Request) -> bool:
@@ -157,7 +204,8 @@ def _rule_page(request: Request, session: WebSession, rule_id: str, *, status: i
     with ctx.db.session() as db:
         row = store.get_rule(db, rule_id)
         if row is None:
-            return _page(request, "missing.html", {"what": f"rule {rule_id}"}, status=404, session=session)
+            return _page(request, "missing.html", {"what": f"rule {review.shown(rule_id)}"}, status=404,
+                         session=session)
         rule = review.rule_detail(db, row)
     rule["examples_text"] = "\n".join(review.examples_of(row))
     return _page(request, "rule.html", {"rule": rule, "error": error, "dry_run": dry_run, "form": form or {}},
@@ -173,8 +221,9 @@ def job_page(request: Request, job_id: str) -> Response:
     with ctx.db.session() as db:
         job = store.get_job(db, job_id)
         if job is None:
-            return _page(request, "missing.html", {"what": f"job {job_id}"}, status=404, session=session)
-        view = _job_view(job, width=640, height=180)
+            return _page(request, "missing.html", {"what": f"job {review.shown(job_id)}"}, status=404,
+                         session=session)
+        view = _job_view(job, width=720, height=220, axes=True)
         kept = store.kept_lines(db, job_id, limit=KEPT_LINES_ON_PAGE)
     return _page(request, "job.html", {"job": view, "kept": kept, "limit": KEPT_LINES_ON_PAGE}, session=session)
 
@@ -186,8 +235,7 @@ async def approve(request: Request, rule_id: str) -> Response:
     if refused is not None:
         return refused
     return await _act(request, session, rule_id, "approve",
-                      lambda db: review.approve(db, rule_id, actor=session.label, note=form.get("note", "")),
-                      f"Approved {rule_id}: it applies to the next diagnosis.", form)
+                      lambda db: review.approve(db, rule_id, actor=session.label, note=form.get("note", "")), form)
 
 
 @router.post("/rule/{rule_id}/reject")
@@ -196,8 +244,7 @@ async def reject(request: Request, rule_id: str) -> Response:
     if refused is not None:
         return refused
     return await _act(request, session, rule_id, "reject",
-                      lambda db: review.reject(db, rule_id, actor=session.label, reason=form.get("reason", "")),
-                      f"Rejected {rule_id}.", form)
+                      lambda db: review.reject(db, rule_id, actor=session.label, reason=form.get("reason", "")), form)
 
 
 @router.post("/rule/{rule_id}/edit")
@@ -217,8 +264,7 @@ async def edit(request: Request, rule_id: str) -> Response:
             current["examples"] = review.examples_of(row)
             changes = {k: v for k, v in changes.items() if v != current.get(k)}
     return await _act(request, session, rule_id, "edit",
-                      lambda db: ctx.review.edit(db, rule_id, changes, actor=session.label),
-                      f"Saved a new version of {rule_id}.", form)
+                      lambda db: ctx.review.edit(db, rule_id, changes, actor=session.label), form)
 
 
 @router.post("/rule/{rule_id}/dry-run")
@@ -241,7 +287,7 @@ async def dry_run(request: Request, rule_id: str) -> Response:
     return _rule_page(request, session, rule_id, dry_run=result, form=form)
 
 
-async def _act(request: Request, session: WebSession, rule_id: str, action: str, fn, done: str,
+async def _act(request: Request, session: WebSession, rule_id: str, action: str, fn,
                form: dict[str, str]) -> Response:
     ctx = request.app.state.ctx
 
@@ -255,7 +301,7 @@ async def _act(request: Request, session: WebSession, rule_id: str, action: str,
         return _rule_page(request, session, rule_id, status=exc.status_code, error=str(exc), form=form)
     ctx.metrics.admin_action(action)
     target = form.get("next") if form.get("next") in ("/admin", f"/admin/rule/{rule_id}") else f"/admin/rule/{rule_id}"
-    return _back(target, done)
+    return _back(target, action, rule_id)
 
 
 # -- views -----------------------------------------------------------------------------------------
@@ -265,7 +311,7 @@ def _with_last_dry_run(db, rule: dict[str, Any]) -> dict[str, Any]:
     return rule
 
 
-def _job_view(job, *, width: int = 160, height: int = 36) -> dict[str, Any]:
+def _job_view(job, *, width: int = 160, height: int = 36, axes: bool = False) -> dict[str, Any]:
     diagnosis = job.diagnosis or {}
     comp = diagnosis.get("compression") or {}
     lines_in, kept = comp.get("lines_in") or 0, comp.get("lines_kept") or 0
@@ -276,20 +322,24 @@ def _job_view(job, *, width: int = 160, height: int = 36) -> dict[str, Any]:
         "lines_in": lines_in, "lines_kept": kept,
         "kept_share": f"{kept / lines_in:.1%}" if lines_in else "-",
         "other_errors": diagnosis.get("other_errors") or [], "filtered": (diagnosis.get("filtered") or [])[:20],
-        "curve": loss_polyline((job.meta or {}).get("loss_curve") or [], width, height),
+        "curve": loss_polyline((job.meta or {}).get("loss_curve") or [], width, height, axes=axes),
         "width": width, "height": height,
     }
 
 
-def loss_polyline(points: list, width: int, height: int, pad: int = 2) -> dict[str, Any] | None:
-    """SVG polyline coordinates for [step, loss] pairs (numbers only, computed here)."""
+def loss_polyline(points: list, width: int, height: int, pad: int = 2, *, axes: bool = False) -> dict[str, Any] | None:
+    """SVG polyline coordinates for [step, loss] pairs (numbers only, computed here); with
+    `axes`, room is left on the left and at the bottom for the loss and step labels."""
     clean = [(float(s), float(v)) for s, v in points
              if isinstance(s, int | float) and isinstance(v, int | float) and math.isfinite(v)]
     if len(clean) < 2:
         return None
     steps, losses = [s for s, _ in clean], [v for _, v in clean]
     s0, s1, lo, hi = min(steps), max(steps), min(losses), max(losses)
-    sx = (width - 2 * pad) / ((s1 - s0) or 1.0)
-    sy = (height - 2 * pad) / ((hi - lo) or 1.0)
-    coords = " ".join(f"{pad + (s - s0) * sx:.1f},{height - pad - (v - lo) * sy:.1f}" for s, v in clean)
-    return {"points": coords, "first": clean[0], "last": clean[-1], "min": lo, "max": hi}
+    left, top, right, bottom = (AXIS_LEFT, 8, width - 8, height - AXIS_BOTTOM) if axes else (
+        pad, pad, width - pad, height - pad)
+    sx = (right - left) / ((s1 - s0) or 1.0)
+    sy = (bottom - top) / ((hi - lo) or 1.0)
+    coords = " ".join(f"{left + (s - s0) * sx:.1f},{bottom - (v - lo) * sy:.1f}" for s, v in clean)
+    return {"points": coords, "first": clean[0], "last": clean[-1], "min": lo, "max": hi,
+            "box": {"left": left, "top": top, "right": right, "bottom": bottom}, "axes": axes}

@@ -167,6 +167,8 @@ def test_rule_detail_has_versions_and_audit_and_unknown_is_404(server: str, pend
         assert r.status_code == 404 and r.json() == {"error": "no rule 'nope'", "status": 404}, (method, path)
     r = admin(server, "POST", "/admin/rules/nope/reject", json={"reason": "noise"})
     assert r.status_code == 404
+    long = admin(server, "GET", "/admin/rules/" + "x" * 5000)
+    assert long.status_code == 404 and len(long.json()["error"]) < 120  # the id is not echoed whole
 
 
 # -- approve and reject --------------------------------------------------------------------------------
@@ -312,8 +314,8 @@ def test_audit_log_filters_and_pages(server: str, pending) -> None:
      "a.b"),
     (yaml.safe_dump({"rules": [{"id": "a.b", "pattern": "alpha [0-9]+ beta"}]}), "application/yaml", 422,
      "no example line"),
-    (yaml.safe_dump({"rules": [{"id": "a.b", "pattern": "alpha [0-9]+", "examples": ["alpha 1"]}] * 2}),
-     "text/plain", 422, "duplicate id"),
+    (yaml.safe_dump({"rules": [{"id": "a.b", "pattern": "alpha [0-9]+", "examples": ["alpha 1"]} for _ in "12"]}),
+     "text/plain", 422, "duplicate id"),  # two dicts, not one twice: PyYAML would write an alias
     (yaml.safe_dump({"rules": [{"id": "global.blank", "pattern": "alpha [0-9]+", "examples": ["alpha 1"]}]}),
      "application/yaml", 422, "built-in"),
     (yaml.safe_dump({"rules": [{"id": "x y", "pattern": "alpha"}]}), "application/yaml", 422, "id"),
@@ -322,6 +324,12 @@ def test_audit_log_filters_and_pages(server: str, pending) -> None:
     (yaml.safe_dump({"rules": [{**FABRIC_RULE, "id": "d.y", "examples": ["nothing"]}]}), "application/yaml", 422,
      "claims"),
     ("rules: []", "application/json", 415, "application/yaml"),
+    # a "billion laughs": 300 bytes that expand to 43 million items once walked
+    ("a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]\n" for p, n in zip(
+        "abcdefg", "bcdefgh", strict=True)) + "rules:\n- id: *h\n  pattern: x\n", "application/yaml", 422,
+     "may not use YAML aliases"),
+    (yaml.safe_dump({"rules": [{"id": "export", "pattern": "alpha [0-9]+", "examples": ["alpha 1"]}]}),
+     "application/yaml", 422, "reserved"),
 ])
 def test_bad_packs_are_refused_and_nothing_is_imported(server: str, body: str, content_type: str, status: int,
                                                         message: str) -> None:

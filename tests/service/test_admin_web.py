@@ -102,7 +102,7 @@ def test_approve_on_the_page_then_a_new_diagnosis_uses_the_rule(browser, site) -
     assert rule_id not in {f["rule"] for f in before["filtered"]}
     r = browser.post(f"/admin/rule/{rule_id}/approve", data={"csrf": csrf_of(page), "next": "/admin"},
                      headers={"Origin": site})
-    assert r.status_code == 303 and r.headers["location"].startswith("/admin?msg=Approved")
+    assert r.status_code == 303 and r.headers["location"].startswith("/admin?done=approve")
     after_page = browser.get(r.headers["location"])
     assert f"Approved {rule_id}" in after_page.text and rule_id not in pending_ids(after_page.text)
     assert "rule.active" in after_page.text  # the rule history
@@ -143,9 +143,10 @@ def test_edit_and_dry_run_from_the_rule_page(browser) -> None:
     assert dry.status_code == 200 and re.search(r"<strong>[1-9]\d*</strong> of \d+ stored jobs matched", dry.text)
     r = browser.post(f"/admin/rule/{rule_id}/edit", data={"csrf": csrf, "pattern": f"(?:{pattern})",
                                                           "description": "helix chatter", "scope": "global"})
-    assert r.status_code == 303 and "Saved+a+new+version" in r.headers["location"]
+    assert r.status_code == 303 and "done=edit" in r.headers["location"]
     shown = browser.get(r.headers["location"]).text
     assert "<td>2</td><td>edited</td><td>carol</td>" in shown and "helix chatter" in shown
+    assert f"Saved a new version of {rule_id}." in shown
     assert browser.get("/admin/rule/no-such-rule").status_code == 404
 
 
@@ -164,3 +165,14 @@ def test_sign_out_ends_the_session(browser) -> None:
     r = browser.post("/admin/logout", data={"csrf": csrf_of(page)})
     assert r.status_code == 303 and r.headers["location"] == "/admin/login"
     assert browser.get("/admin").status_code == 303
+
+
+def test_the_page_says_only_its_own_words_after_an_action(browser) -> None:
+    """A link cannot put its own text in the page's status line."""
+    for query in ({"msg": "Session expired: sign in at https://evil.example"},
+                  {"done": "approve", "rule": "x: now sign in at https://evil.example"},
+                  {"done": "hacked", "rule": "la-0123456789ab"}):
+        page = browser.get("/admin", params=query).text
+        assert 'role="status"' not in page and "evil.example" not in page, query
+    page = browser.get("/admin", params={"done": "reject", "rule": "la-0123456789ab"}).text
+    assert '<p class="flash" role="status">Rejected la-0123456789ab.</p>' in page

@@ -42,6 +42,8 @@ def scraped(tmp_path_factory) -> dict:
         job = httpx.get(f"{url}/jobs/{diagnosis['job_id']}", timeout=10)
         assert job.status_code == 200
         assert httpx.get(f"{url}/no/such/path", timeout=10).status_code == 404
+        for method in ("BREW", "X-MADE-UP-1", "X-MADE-UP-2"):  # each must not become a series
+            httpx.request(method, f"{url}/healthz", timeout=10)
         headers = {"Authorization": f"Bearer {TOKEN}"}
         pending = httpx.get(f"{url}/admin/rules", params={"status": "pending"}, headers=headers, timeout=10).json()
         rule_id = pending["data"][0]["id"]
@@ -88,6 +90,9 @@ def test_latency_histogram_by_route_template(scraped) -> None:
                  status="404") == 1
     assert value(text, "faultline_http_request_duration_seconds_bucket", method="POST", route="/diagnose",
                  status="200", le="+Inf") == 1
+    assert value(text, "faultline_http_request_duration_seconds_count", method="other", route="/healthz",
+                 status="405") == 3
+    assert "BREW" not in text and "MADE-UP" not in text
 
 
 def test_counters_end_in_total_and_labels_hold_no_ids(scraped) -> None:
@@ -118,3 +123,21 @@ def test_each_app_has_its_own_registry(tmp_path: Path) -> None:
     assert 'action="approve"' in one.state.metrics.render().decode()
     assert 'action="approve"' not in two.state.metrics.render().decode()
     assert not any(name.startswith("faultline_") for name in prometheus_client.REGISTRY._names_to_collectors)
+
+
+def test_label_values_stay_in_fixed_sets_whatever_a_diagnosis_says(tmp_path: Path) -> None:
+    """A diagnosis from an agent might name a reason or origin outside the taxonomy: it is
+    counted as `other`, never as a new label value."""
+    metrics = create_app(Settings(data_dir=tmp_path, admin_token=TOKEN)).state.metrics
+    for reason, origin in (("gpu_gremlins_in_rack_7", "cosmic rays"), ("ecc_error", "infrastructure"), (None, None)):
+        metrics.observe_diagnosis({"status": "failed", "root_cause": {"reason": reason, "origin": origin,
+                                                                     "source": "failure_agent"},
+                                   "compression": {"lines_in": 10, "lines_kept": 2}}, entry="diagnose")
+    text = metrics.render().decode()
+    assert value(text, "faultline_diagnoses_total", status="failed", reason="other", origin="other",
+                 source="failure_agent") == 1
+    assert value(text, "faultline_diagnoses_total", status="failed", reason="ecc_error", origin="infrastructure",
+                 source="failure_agent") == 1
+    assert value(text, "faultline_diagnoses_total", status="failed", reason="none", origin="none",
+                 source="failure_agent") == 1
+    assert "gremlins" not in text and "cosmic" not in text
