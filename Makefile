@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-install: $(VENV)/.installed chromium
+install: $(VENV)/.installed
 
 # The browser test of /admin drives Debian's chromium (Playwright never downloads a browser
 # here). Installed when missing and we are root; otherwise that test is skipped, saying why.
@@ -33,7 +33,7 @@ demo: install
 serve: install
 	$(BIN)/faultline serve
 
-test: install
+test: install chromium
 	$(BIN)/python -m pytest
 
 bench: install
@@ -43,5 +43,5 @@ fixtures: install
 	$(BIN)/python -m fixtures.logs.generate cases
 
 # docs/screenshots/*.png: the /admin pages as the browser test sees them
-screenshots: install
+screenshots: install chromium
 	SCREENSHOTS_DIR=docs/screenshots $(BIN)/python -m pytest -q -p no:cacheprovider tests/service/test_admin_browser.py
