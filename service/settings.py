@@ -25,7 +25,15 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     """Where the SQLite file, the vector index and the sidecar's offsets live by default."""
     database_url: str = ""
-    """SQLAlchemy URL; empty means a SQLite file in data_dir."""
+    """SQLAlchemy URL; empty means a SQLite file in data_dir. `postgresql://` uses psycopg 3."""
+    db_auto_upgrade: bool = True
+    """Bring the schema to the newest migration at start (under a lock, so replicas may start
+    together). Off: run `faultline db upgrade` first; the service refuses an older schema."""
+    db_pool_size: int = Field(default=10, ge=1)
+    """PostgreSQL connections each process keeps open."""
+    db_max_overflow: int = Field(default=20, ge=0)
+    db_pool_timeout_s: float = Field(default=10.0, gt=0)
+    db_connect_timeout_s: int = Field(default=5, ge=1)
 
     llm_base_url: str = ""
     """An OpenAI-compatible endpoint (vLLM, Ollama, llama.cpp, OpenAI); empty: embedded agents."""
