@@ -19,6 +19,12 @@ def default_data_dir() -> Path:
     return Path(base) / "faultline"
 
 
+def default_database_url(data_dir: Path) -> str:
+    """The embedded default: a SQLite file in the data dir. (The test suite's PostgreSQL run
+    replaces this one function, so every test's data dir gets a database of its own.)"""
+    return f"sqlite:///{data_dir / 'faultline.db'}"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FAULTLINE_", env_ignore_empty=True, extra="ignore")
 
@@ -98,7 +104,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:
         if not self.database_url:
-            self.database_url = f"sqlite:///{self.data_dir / 'faultline.db'}"
+            self.database_url = default_database_url(self.data_dir)
         if self.llm_base_url and not self.llm_model:
             raise ValueError("FAULTLINE_LLM_MODEL must be set when FAULTLINE_LLM_BASE_URL is")
         return self
