@@ -129,6 +129,8 @@ class JobRun:
         self.learned: list[FilterRule] = []
         self.suggested: list[dict] = []
         self.bytes_in = 0
+        self.lines_cut = 0
+        """Lines longer than the ingest limit: their head was kept, the rest skipped."""
         self._last_exception: KeptLine | None = None
         self._saw_traceback = False
         self._slice = AGENT_SLICE_BYTES
@@ -403,7 +405,7 @@ class JobRun:
         lines_in = sum(r.stream.lines_in for r in self.sources.values())
         kept = sum(r.stream.lines_kept for r in self.sources.values())
         return {"lines_in": lines_in, "lines_kept": kept, "bytes_in": self.bytes_in,
-                "rules_learned": len(self.learned)}
+                "rules_learned": len(self.learned), "lines_cut": self.lines_cut}
 
     def filtered_summary(self) -> list[dict]:
         totals: dict[str, dict] = {}
