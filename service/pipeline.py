@@ -209,7 +209,8 @@ class JobRun:
             start = buffer.rfind(b"\n", 0, start)
             if start < 0:
                 break
-        run.tail.extend(buffer[start + 1:].decode("utf-8", "replace").splitlines())
+        # raw lines (kept or not) that end up in a live job's stored state: redacted too
+        run.tail.extend(Redactor().redact(line) for line in buffer[start + 1:].decode("utf-8", "replace").splitlines())
 
     def _classify(self, line: KeptLine) -> None:
         """Error lines go to the classifier; other kept lines only matter as chain markers."""

@@ -43,7 +43,7 @@ def replicas(tmp_path_factory) -> Iterator[dict]:
              serve_process({**common, "FAULTLINE_DATA_DIR": str(folder / "b")}, log_path=folder / "b.log") as b:
             db = Database(url)
             try:
-                yield {"a": a, "b": b, "db": db}
+                yield {"a": a.url, "b": b.url, "db": db}
             finally:
                 db.close()
     finally:

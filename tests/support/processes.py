@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -18,11 +19,18 @@ from tests.support.server import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@dataclass(frozen=True)
+class Replica:
+    url: str
+    pid: int
+    """The `faultline serve` process (with --workers N, the parent of the workers)."""
+
+
 @contextmanager
 def serve_process(env: Mapping[str, str], *, workers: int = 1, startup_timeout_s: float = 120.0,
-                  log_path: Path | None = None) -> Iterator[str]:
-    """Starts `faultline serve` with `env` (FAULTLINE_* settings) and yields its base URL once
-    /healthz answers; terminates the process (and its workers) on exit."""
+                  log_path: Path | None = None) -> Iterator[Replica]:
+    """Starts `faultline serve` with `env` (FAULTLINE_* settings) and yields it once /healthz
+    answers; terminates the process (and its workers) on exit."""
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
     environ.update(env, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -45,7 +53,7 @@ def serve_process(env: Mapping[str, str], *, workers: int = 1, startup_timeout_s
             if time.monotonic() > deadline:
                 raise RuntimeError("faultline serve did not start in time")
             time.sleep(0.1)
-        yield url
+        yield Replica(url, process.pid)
     finally:
         process.terminate()
         try:
