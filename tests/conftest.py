@@ -31,13 +31,13 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> str:
     if _postgres is None:
         return "database: SQLite (set FAULTLINE_TEST_DATABASE_URL for the PostgreSQL run)"
-    where = databases.server_url()
+    where = databases.shown_url()
     return f"database: PostgreSQL at {where}" + (f" -- NOT REACHABLE: {_postgres_problem}" if _postgres_problem else "")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _postgres is not None and _postgres_problem:
-        skip = pytest.mark.skip(reason=f"PostgreSQL run skipped: no server at {databases.server_url()} "
+        skip = pytest.mark.skip(reason=f"PostgreSQL run skipped: no server at {databases.shown_url()} "
                                        f"({_postgres_problem})")
         for item in items:
             item.add_marker(skip)

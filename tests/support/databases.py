@@ -29,6 +29,12 @@ def server_url() -> str | None:
     return os.environ.get(ENV) or None
 
 
+def shown_url() -> str:
+    """The server URL without its password, for messages."""
+    url = server_url()
+    return make_url(url).render_as_string(hide_password=True) if url else ""
+
+
 def _libpq(url: str, database: str | None = None) -> str:
     """A SQLAlchemy URL as psycopg wants it (no driver suffix), optionally another database."""
     parsed = make_url(url).set(drivername="postgresql")
