@@ -164,7 +164,8 @@ def error_lines(session: Session, *, limit: int = 5000) -> list[str]:
 
 
 def add_hits(session: Session, hits: dict[str, int]) -> None:
-    for rule_id, count in hits.items():
+    # in id order: concurrent uploads lock the same rule rows in the same order (no deadlock)
+    for rule_id, count in sorted(hits.items()):
         if count:
             session.execute(update(RuleRow).where(RuleRow.id == rule_id).values(hits=RuleRow.hits + count))
 
