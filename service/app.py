@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -45,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Faultline", version="0.1.0", lifespan=lifespan,
                   description="Diagnoses why a large-model training job failed, from its logs.")
     app.state.metrics = registry
+    app.state.upload_slots = asyncio.Semaphore(settings.max_concurrent_uploads)
     app.state.admin_tokens = AdminTokens.from_settings(settings)
     app.add_middleware(LatencyMiddleware, metrics=registry)
 

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     """More admin tokens, each with its owner's label: `alice:<token>,bob:<token>`."""
 
     max_request_bytes: int = 2 << 30
+    max_concurrent_uploads: int = Field(default=8, ge=1)
+    """POST /diagnose requests one process works on at once; more wait, their bodies unread
+    (bounds memory, keeps /healthz answering under load)."""
     max_gzip_ratio: int = 200
     max_chunk_bytes: int = 64 << 20
 

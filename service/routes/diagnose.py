@@ -80,19 +80,22 @@ async def diagnose(
         if stored is not None:
             return stored
     meta = job_meta(job_name, framework, tags)
-    run = ctx.new_run(meta)
     settings = ctx.settings
-    await read_log_body(request, run, max_bytes=settings.max_request_bytes, max_ratio=settings.max_gzip_ratio)
-    diagnosis = await run_in_threadpool(run.finish)
-    result = diagnosis.to_dict()
-    try:
-        job_id = await run_in_threadpool(_store, ctx, run, meta, diagnosis, idempotency_key)
-    except IntegrityError:
-        # the same key was stored meanwhile (a retry that reached another replica first)
-        stored = await run_in_threadpool(_stored_result, ctx, idempotency_key) if idempotency_key else None
-        if stored is None:
-            raise
-        return stored
+    # a slot per upload being processed: the others wait with their bodies unread, so memory
+    # and CPU threads stay bounded however many clients send at once
+    async with request.app.state.upload_slots:
+        run = await run_in_threadpool(ctx.new_run, meta)  # reads the rule-set version: I/O
+        await read_log_body(request, run, max_bytes=settings.max_request_bytes, max_ratio=settings.max_gzip_ratio)
+        diagnosis = await run_in_threadpool(run.finish)
+        result = diagnosis.to_dict()
+        try:
+            job_id = await run_in_threadpool(_store, ctx, run, meta, diagnosis, idempotency_key)
+        except IntegrityError:
+            # the same key was stored meanwhile (a retry that reached another replica first)
+            stored = await run_in_threadpool(_stored_result, ctx, idempotency_key) if idempotency_key else None
+            if stored is None:
+                raise
+            return stored
     return {"job_id": job_id, **result}
 
 

@@ -170,3 +170,41 @@ def test_100000_ranks_cost_bounded_memory_in_the_classifier() -> None:
 ])
 def test_empty_logs_are_a_clear_400(service, kwargs, message) -> None:
     assert message in error_of(post(service["url"], **kwargs), 400)
+
+
+# -- many clients at once ------------------------------------------------------------------------------
+def test_uploads_past_the_concurrency_limit_wait_and_health_still_answers(tmp_path) -> None:
+    import threading
+    import time
+
+    settings = Settings(data_dir=tmp_path, admin_enabled=False, max_concurrent_uploads=1)
+    release, first_sent = threading.Event(), threading.Event()
+    done: dict[str, float] = {}
+
+    def slow_body() -> Iterator[bytes]:
+        yield LOG.encode()[:200]
+        first_sent.set()
+        release.wait(30)
+        yield LOG.encode()[200:]
+
+    def send(name: str, body) -> None:
+        r = httpx.post(f"{url}/diagnose", content=body, headers={"Content-Type": "text/plain"}, timeout=60)
+        assert r.status_code == 200, r.text
+        done[name] = time.monotonic()
+
+    with running_server(settings) as url:
+        slow = threading.Thread(target=send, args=("slow", slow_body()))
+        slow.start()
+        assert first_sent.wait(10)
+        time.sleep(0.5)  # the slow upload holds the one slot
+        quick = threading.Thread(target=send, args=("quick", LOG))
+        quick.start()
+        quick.join(2.0)
+        assert "quick" not in done  # waiting for the slot, its body unread
+        started = time.monotonic()
+        assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+        assert time.monotonic() - started < 1.0
+        release.set()
+        slow.join(30)
+        quick.join(30)
+    assert done["slow"] <= done["quick"]
