@@ -142,6 +142,7 @@ class Recorder:
     uploads: list[Upload] = field(default_factory=list)
     health: list[tuple[float, int, int]] = field(default_factory=list)
     """(time, replica, /healthz status; 0 when it did not answer in time)."""
+    health_latency: list[float] = field(default_factory=list)
     events: dict[str, float] = field(default_factory=dict)
     acked: int = 0
 
@@ -209,11 +210,13 @@ async def watch_health(fleet: Fleet, rec: Recorder, done: asyncio.Event) -> None
     async with httpx.AsyncClient(timeout=2) as http:
         while not done.is_set():
             for i, url in enumerate(fleet.replicas):
+                sent = fleet.now()  # when asked: an answer may arrive after the database stopped
                 try:
                     status = (await http.get(f"{url}/healthz")).status_code
                 except httpx.TransportError:
                     status = 0
-                rec.health.append((fleet.now(), i, status))
+                rec.health.append((sent, i, status))
+                rec.health_latency.append(fleet.now() - sent)
             await asyncio.sleep(0.25)
 
 
@@ -297,6 +300,8 @@ def report(fleet: Fleet, rec: Recorder, args: argparse.Namespace, logs: dict[str
                        "mb_per_s": round(moved / 1e6 / wall_s, 1)},
         "latency_s": {"p50": percentile(latencies, 0.50), "p90": percentile(latencies, 0.90),
                       "p99": percentile(latencies, 0.99), "max": round(max(latencies, default=0), 2)},
+        "healthz_latency_s": {"p50": percentile(rec.health_latency, 0.5), "p99": percentile(rec.health_latency, 0.99),
+                              "max": round(max(rec.health_latency, default=0), 2)},
         "errors": sum(u.error is not None for u in rec.uploads),
         "error_samples": [u.error for u in rec.uploads if u.error][:5],
         "retried_uploads": sum(u.attempts > 1 for u in rec.uploads),
