@@ -202,6 +202,7 @@ async def restart_database(fleet: Fleet, rec: Recorder, args: argparse.Namespace
     await asyncio.to_thread(fleet.cluster.stop, "fast")
     rec.events["db_stopped"] = fleet.now()
     await asyncio.sleep(args.down_s)
+    rec.events["db_starting"] = fleet.now()  # from here on the server may accept connections
     await asyncio.to_thread(fleet.cluster.start)
     rec.events["db_started"] = fleet.now()
 
@@ -267,20 +268,20 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def health_summary(fleet: Fleet, rec: Recorder) -> dict:
-    stopped, started = rec.events.get("db_stopped"), rec.events.get("db_started")
-    if stopped is None or started is None:
+    stopped, starting, started = (rec.events.get(k) for k in ("db_stopped", "db_starting", "db_started"))
+    if stopped is None or starting is None or started is None:
         return {}
     out = []
     for i in range(len(fleet.replicas)):
         samples = [(t, s) for t, r, s in rec.health if r == i]
-        down = [(t, s) for t, s in samples if stopped <= t <= started]
+        down = [(t, s) for t, s in samples if stopped <= t < starting]
         first_503 = next((t for t, s in down if s == 503), None)
         healthy_again = next((t for t, s in samples if t > started and s == 200), None)
         out.append({"replica": i, "samples_while_down": len(down),
                     "answers_while_down": sorted({s for _, s in down}),
                     "unhealthy_after_s": round(first_503 - stopped, 2) if first_503 is not None else None,
                     "healthy_again_after_start_s": round(healthy_again - started, 2) if healthy_again else None})
-    return {"db_down_s": round(started - stopped, 2), "replicas": out}
+    return {"db_down_s": round(starting - stopped, 2), "replicas": out}
 
 
 def report(fleet: Fleet, rec: Recorder, args: argparse.Namespace, logs: dict[str, bytes],
