@@ -13,6 +13,8 @@ RUN pip install .
 RUN useradd --create-home faultline
 USER faultline
 ENV FAULTLINE_DATA_DIR=/home/faultline/data
+# made here so a named volume mounted on it (the sidecar's offsets) belongs to the user
+RUN mkdir -p /home/faultline/data
 EXPOSE 8080
 HEALTHCHECK --interval=15s --timeout=3s CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz').status != 200)"
 CMD ["faultline", "serve", "--host", "0.0.0.0", "--port", "8080"]

@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_LOG ?= fixtures/logs/cases/megatron/ecc_error.log
+# the PostgreSQL run: each test makes its own database on this server (random name, dropped
+# after); with no server there, that run is skipped with the reason
+TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: install chromium demo serve test test-postgres bench fixtures screenshots
+.PHONY: install chromium demo serve test test-sqlite test-postgres bench load-bench fixtures screenshots
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,11 +36,22 @@ demo: install
 serve: install
 	$(BIN)/faultline serve
 
+# the whole suite twice: on SQLite (the embedded default), then on PostgreSQL
 test: install chromium
 	$(BIN)/python -m pytest
+	FAULTLINE_TEST_DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python -m pytest
+
+test-sqlite: install chromium
+	$(BIN)/python -m pytest
+
+test-postgres: install chromium
+	FAULTLINE_TEST_DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python -m pytest
 
 bench: install
 	$(BIN)/python -m bench.filter_bench
+
+load-bench: install
+	$(BIN)/python -m bench.load_bench
 
 fixtures: install
 	$(BIN)/python -m fixtures.logs.generate cases

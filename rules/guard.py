@@ -7,6 +7,7 @@ engine of choice; RE2 is the fallback where the Hyperscan wheel is not available
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,9 @@ class ErrorGuard:
         self.engine = engine
         if engine == "hyperscan":
             self._db = self._compile_hyperscan()
+            # a scratch space serves one scan at a time: each thread (concurrent requests in
+            # the server's thread pool) gets its own, or Hyperscan raises ScratchInUseError
+            self._scratch = threading.local()
         elif engine == "re2":
             self._re2 = self._compile_re2()
         else:
@@ -87,7 +91,10 @@ class ErrorGuard:
         if self.engine == "hyperscan":
             def on_match(_id: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
                 offsets.append(end - 1 if end > 0 else 0)
-            self._db.scan(data, match_event_handler=on_match)
+            scratch = getattr(self._scratch, "space", None)
+            if scratch is None:
+                scratch = self._scratch.space = hyperscan.Scratch(self._db)
+            self._db.scan(data, match_event_handler=on_match, scratch=scratch)
         else:
             offsets = self._scan_re2(data)
         return _line_spans(data, offsets)

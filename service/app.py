@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.auth import AdminTokens
@@ -16,6 +19,9 @@ from service.errors import FaultlineError
 from service.metrics import LatencyMiddleware, Metrics
 from service.routes import admin, admin_web, diagnose, health, jobs, metrics
 from service.settings import Settings, load_settings
+
+
+DATABASE_RETRY_AFTER_S = 2
 
 
 def _error(status: int, message: str, **extra: object) -> JSONResponse:
@@ -40,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Faultline", version="0.1.0", lifespan=lifespan,
                   description="Diagnoses why a large-model training job failed, from its logs.")
     app.state.metrics = registry
+    app.state.upload_slots = asyncio.Semaphore(settings.max_concurrent_uploads)
     app.state.admin_tokens = AdminTokens.from_settings(settings)
     app.add_middleware(LatencyMiddleware, metrics=registry)
 
@@ -48,6 +55,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         response = _error(exc.status_code, str(exc), **exc.extra)
         if exc.headers:
             response.headers.update(exc.headers)
+        return response
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(PoolTimeout)
+    async def _database_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+        # the database is down or restarting: nothing was acknowledged, the client may retry
+        # (with the same Idempotency-Key, a retry never stores a second copy)
+        response = _error(503, f"database unavailable ({type(exc).__name__}): retry later")
+        response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
         return response
 
     @app.exception_handler(RequestValidationError)

@@ -46,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--job-name", default="", metavar="N")
     p.add_argument("--framework", default=None, metavar="F")
 
+    p = sub.add_parser("db", help="the database schema (migrations)")
+    p.add_argument("action", choices=["upgrade", "current"],
+                   help="upgrade: bring the schema to the newest revision; current: print its revision")
+
     from service import rules_cli
 
     rules_cli.add_parser(sub, _Parser)
@@ -187,6 +191,26 @@ def cmd_serve(args: argparse.Namespace, _out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_db(args: argparse.Namespace, out: TextIO) -> int:
+    from service import migrate
+    from service.db import Database
+
+    settings = load_settings()
+    db = Database(settings.database_url)
+    try:
+        if args.action == "upgrade":
+            before = migrate.upgrade(db.engine)
+            out.write(f"database schema: {before or 'empty'} -> {migrate.head_revision()}\n")
+        else:
+            with db.engine.connect() as connection:
+                found = migrate.current_revision(connection)
+            state = "current" if found == migrate.head_revision() else f"behind {migrate.head_revision()}"
+            out.write(f"{found or 'none'} ({state})\n")
+    finally:
+        db.close()
+    return EXIT_OK
+
+
 def cmd_rules(args: argparse.Namespace, out: TextIO) -> int:
     from service import rules_cli
 
@@ -197,6 +221,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "diagnose": cmd_diagnose,
     "compress": cmd_compress,
     "serve": cmd_serve,
+    "db": cmd_db,
     "rules": cmd_rules,
 }
 

@@ -6,9 +6,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from sqlalchemy.orm import Session
+
 from rules.verdict import Diagnosis
 from service import store
-from service.db import Database
+from service.db import Database, open_database
 from service.metrics import Metrics
 from service.pipeline import FailureAgentHook, JobMeta, JobRun, LogAgentHook
 from service.review import Review
@@ -38,8 +40,7 @@ class Context:
 
     @classmethod
     def build(cls, settings: Settings, *, metrics: Metrics | None = None) -> Context:
-        db = Database(settings.database_url)
-        db.create_schema()
+        db = open_database(settings)
         rulebook = Rulebook(source=store.RuleStore(db))
         metrics = metrics or Metrics()
         ctx = cls(settings=settings, db=db, rulebook=rulebook, metrics=metrics,
@@ -62,8 +63,10 @@ class Context:
         return JobRun(self.rulebook, meta, log_agent=self.log_agent(meta),
                       failure_agent=self.failure_agent if self.settings.failure_agent else None)
 
-    def after_run(self, run: JobRun, diagnosis: Diagnosis, *, entry: str = "cli") -> None:
-        """Count rule hits and metrics; agents persist what they learned themselves."""
+    def after_run(self, run: JobRun, diagnosis: Diagnosis, *, entry: str = "cli",
+                  session: Session | None = None) -> None:
+        """Count rule hits and metrics (in `session` when the caller stores the job in the
+        same transaction); agents persist what they learned themselves."""
         self.metrics.observe_diagnosis(diagnosis.to_dict(), entry=entry)
         hits: dict[str, int] = {}
         for source in run.sources.values():
@@ -71,8 +74,11 @@ class Context:
                 hits[rule_id] = hits.get(rule_id, 0) + stats.count
         for found in run.classifier.found.values():
             hits[found.rule.id] = hits.get(found.rule.id, 0) + found.count
-        with self.db.session() as session:
+        if session is not None:
             store.add_hits(session, hits)
+            return
+        with self.db.session() as own:
+            store.add_hits(own, hits)
 
     def close(self) -> None:
         for closer in reversed(self.closers):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
+
 from agents.llm import make_backend
 from agents.log_agent import LogAgent, LogAgentConfig
 from agents.proposals import LLMProposalBackend, ProposalBackend
@@ -29,12 +31,16 @@ class StoreSink:
             return row.status if row is not None else None
 
     def save(self, rule: FilterRule, *, status: str, provenance: dict[str, Any]) -> None:
-        with self.db.session() as session:
-            if store.get_rule(session, rule.id) is not None:
-                return
-            store.add_rule(session, actor=ACTOR, id=rule.id, kind=RuleKind.FILTER.value, status=status,
-                           scope=rule.scope, source=rule.source, pattern=rule.pattern,
-                           description=rule.description, provenance=provenance)
+        try:
+            with self.db.session() as session:
+                if store.get_rule(session, rule.id) is not None:
+                    return
+                store.add_rule(session, actor=ACTOR, id=rule.id, kind=RuleKind.FILTER.value, status=status,
+                               scope=rule.scope, source=rule.source, pattern=rule.pattern,
+                               description=rule.description, provenance=provenance)
+        except IntegrityError:
+            # another request or replica learned the same rule (same id) at the same moment
+            return
 
 
 def agent_config(settings: Settings) -> LogAgentConfig:

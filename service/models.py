@@ -38,6 +38,9 @@ class Job(Base):
     diagnosis: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     reason: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     meta: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True, unique=True, index=True)
+    """The client's `Idempotency-Key` of the POST /diagnose that stored this job: a retry
+    (after a timeout, or sent to another replica) finds the stored job instead of adding one."""
 
 
 class KeptLineRow(Base):

@@ -129,6 +129,8 @@ class JobRun:
         self.learned: list[FilterRule] = []
         self.suggested: list[dict] = []
         self.bytes_in = 0
+        self.lines_cut = 0
+        """Lines longer than the ingest limit: their head was kept, the rest skipped."""
         self._last_exception: KeptLine | None = None
         self._saw_traceback = False
         self._slice = AGENT_SLICE_BYTES
@@ -207,7 +209,8 @@ class JobRun:
             start = buffer.rfind(b"\n", 0, start)
             if start < 0:
                 break
-        run.tail.extend(buffer[start + 1:].decode("utf-8", "replace").splitlines())
+        # raw lines (kept or not) that end up in a live job's stored state: redacted too
+        run.tail.extend(Redactor().redact(line) for line in buffer[start + 1:].decode("utf-8", "replace").splitlines())
 
     def _classify(self, line: KeptLine) -> None:
         """Error lines go to the classifier; other kept lines only matter as chain markers."""
@@ -403,7 +406,7 @@ class JobRun:
         lines_in = sum(r.stream.lines_in for r in self.sources.values())
         kept = sum(r.stream.lines_kept for r in self.sources.values())
         return {"lines_in": lines_in, "lines_kept": kept, "bytes_in": self.bytes_in,
-                "rules_learned": len(self.learned)}
+                "rules_learned": len(self.learned), "lines_cut": self.lines_cut}
 
     def filtered_summary(self) -> list[dict]:
         totals: dict[str, dict] = {}

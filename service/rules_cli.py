@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from rules.model import RuleKind, RuleStatus
 from service import store
-from service.db import Database
+from service.db import Database, open_database
 from service.errors import BadInput
 from service.settings import load_settings
 
@@ -33,9 +33,7 @@ class Subcommand:
 
 
 def open_db() -> Database:
-    db = Database(load_settings().database_url)
-    db.create_schema()
-    return db
+    return open_database(load_settings())
 
 
 # -- list ------------------------------------------------------------------------------------

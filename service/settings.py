@@ -19,13 +19,27 @@ def default_data_dir() -> Path:
     return Path(base) / "faultline"
 
 
+def default_database_url(data_dir: Path) -> str:
+    """The embedded default: a SQLite file in the data dir. (The test suite's PostgreSQL run
+    replaces this one function, so every test's data dir gets a database of its own.)"""
+    return f"sqlite:///{data_dir / 'faultline.db'}"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FAULTLINE_", env_ignore_empty=True, extra="ignore")
 
     data_dir: Path = Field(default_factory=default_data_dir)
     """Where the SQLite file, the vector index and the sidecar's offsets live by default."""
     database_url: str = ""
-    """SQLAlchemy URL; empty means a SQLite file in data_dir."""
+    """SQLAlchemy URL; empty means a SQLite file in data_dir. `postgresql://` uses psycopg 3."""
+    db_auto_upgrade: bool = True
+    """Bring the schema to the newest migration at start (under a lock, so replicas may start
+    together). Off: run `faultline db upgrade` first; the service refuses an older schema."""
+    db_pool_size: int = Field(default=10, ge=1)
+    """PostgreSQL connections each process keeps open."""
+    db_max_overflow: int = Field(default=20, ge=0)
+    db_pool_timeout_s: float = Field(default=10.0, gt=0)
+    db_connect_timeout_s: int = Field(default=5, ge=1)
 
     llm_base_url: str = ""
     """An OpenAI-compatible endpoint (vLLM, Ollama, llama.cpp, OpenAI); empty: embedded agents."""
@@ -65,6 +79,9 @@ class Settings(BaseSettings):
     """More admin tokens, each with its owner's label: `alice:<token>,bob:<token>`."""
 
     max_request_bytes: int = 2 << 30
+    max_concurrent_uploads: int = Field(default=8, ge=1)
+    """POST /diagnose requests one process works on at once; more wait, their bodies unread
+    (bounds memory, keeps /healthz answering under load)."""
     max_gzip_ratio: int = 200
     max_chunk_bytes: int = 64 << 20
 
@@ -90,7 +107,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:
         if not self.database_url:
-            self.database_url = f"sqlite:///{self.data_dir / 'faultline.db'}"
+            self.database_url = default_database_url(self.data_dir)
         if self.llm_base_url and not self.llm_model:
             raise ValueError("FAULTLINE_LLM_MODEL must be set when FAULTLINE_LLM_BASE_URL is")
         return self

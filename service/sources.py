@@ -93,3 +93,4 @@ def feed_path(run: JobRun, path: str, *, progress: ProgressLine | None = None,
             stream = run.sources[name].stream
             progress.update(counters.bytes_in, stream.lines_kept, stream.lines_in)
     run.bytes_in += counters.bytes_in
+    run.lines_cut += counters.lines_cut

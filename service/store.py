@@ -164,7 +164,8 @@ def error_lines(session: Session, *, limit: int = 5000) -> list[str]:
 
 
 def add_hits(session: Session, hits: dict[str, int]) -> None:
-    for rule_id, count in hits.items():
+    # in id order: concurrent uploads lock the same rule rows in the same order (no deadlock)
+    for rule_id, count in sorted(hits.items()):
         if count:
             session.execute(update(RuleRow).where(RuleRow.id == rule_id).values(hits=RuleRow.hits + count))
 
@@ -202,9 +203,10 @@ def new_job_id() -> str:
 
 
 def create_job(session: Session, *, name: str, family: str, framework: str | None = None,
-               tags: Sequence[str] = (), live: bool = False, meta: dict[str, Any] | None = None) -> Job:
+               tags: Sequence[str] = (), live: bool = False, meta: dict[str, Any] | None = None,
+               idempotency_key: str | None = None) -> Job:
     job = Job(id=new_job_id(), name=name, family=family, framework=framework, tags=list(tags),
-              live=live, meta=meta or {})
+              live=live, meta=meta or {}, idempotency_key=idempotency_key)
     session.add(job)
     session.flush()
     return job
@@ -212,6 +214,10 @@ def create_job(session: Session, *, name: str, family: str, framework: str | Non
 
 def get_job(session: Session, job_id: str) -> Job | None:
     return session.get(Job, job_id)
+
+
+def job_by_idempotency_key(session: Session, key: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.idempotency_key == key))
 
 
 def find_jobs(session: Session, *, name: str | None = None, family: str | None = None,

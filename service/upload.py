@@ -66,6 +66,7 @@ class _SourceFeeder:
             self.pending.append(last)
         self.flush()
         self.run.bytes_in += self.counters.bytes_in
+        self.run.lines_cut += self.counters.lines_cut
 
 
 class _Limit:

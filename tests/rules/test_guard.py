@@ -61,3 +61,28 @@ def test_engines_agree_on_a_mixed_buffer() -> None:
 def test_unknown_engine_is_refused() -> None:
     with pytest.raises(ValueError, match="guard engine"):
         ErrorGuard(engine="grep")
+
+
+def test_threads_scan_at_the_same_time(guard: ErrorGuard) -> None:
+    """The server filters concurrent uploads in a thread pool: one guard serves them all."""
+    import threading
+
+    data = b"".join(b"[rank%d]: iteration %d | lm loss 2.1\n" % (i % 8, i) for i in range(20000))
+    data += b"[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    expected = guard.error_line_spans(data)
+    results: list[object] = []
+    start = threading.Barrier(8)
+
+    def scan() -> None:
+        start.wait()
+        try:
+            results.extend(guard.error_line_spans(data) == expected for _ in range(20))
+        except Exception as exc:  # noqa: BLE001 - the assertion below names it
+            results.append(exc)
+
+    threads = [threading.Thread(target=scan) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [True] * 160

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.test_http import LOG, ROOT_LINE
+from tests.support.databases import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT_KEYS = {"status", "root_cause", "other_errors", "action", "suspect_nodes", "mitigation", "progress",
@@ -19,7 +20,7 @@ CONTRACT_KEYS = {"status", "root_cause", "other_errors", "action", "suspect_node
 
 
 def faultline(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **cli_env(Path(os.environ["FAULTLINE_DATA_DIR"])), "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "service.cli", *args], input=stdin, capture_output=True,
                           env=env, cwd=ROOT, timeout=300, check=False)
 

@@ -42,3 +42,15 @@ def test_private_key_blocks_are_redacted_across_lines() -> None:
 ])
 def test_ordinary_lines_are_left_alone(line: str) -> None:
     assert Redactor().redact(line) == line
+
+
+def test_a_job_state_snapshot_holds_no_secret() -> None:
+    """A live job's state is stored between appends: the raw tail it keeps is redacted too."""
+    from service.pipeline import JobMeta, JobRun
+    from service.rulebook import Rulebook
+
+    run = JobRun(Rulebook(), JobMeta(name="gpt-7b-20250301-ab12cd"))
+    secrets = [secret for _, secret in SECRETS]
+    run.feed("rank0.log", ("\n".join(line for line, _ in SECRETS) + "\n").encode())
+    blob = run.snapshot()
+    assert not [secret for secret in secrets if secret.encode() in blob]

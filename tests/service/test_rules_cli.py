@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from fixtures.logs.unknown_formats import helix_log, maxtext_log
+from tests.support.databases import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def faultline(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
-    env.update(FAULTLINE_DATA_DIR=str(data_dir), PYTHONPATH=str(ROOT))
+    env.update(cli_env(data_dir), PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=300)
 

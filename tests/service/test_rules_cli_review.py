@@ -15,13 +15,14 @@ import yaml
 from fixtures.logs.unknown_formats import helix_log
 from service import store
 from service.db import Database
+from tests.support.databases import cli_env, database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def faultline(*args: str, data_dir: Path, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
-    environ.update(FAULTLINE_DATA_DIR=str(data_dir), PYTHONPATH=str(ROOT), **env)
+    environ.update(cli_env(data_dir), PYTHONPATH=str(ROOT), **env)
     return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
                           env=environ, cwd=ROOT, timeout=300, input=stdin)
 
@@ -32,7 +33,7 @@ def ok(done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[st
 
 
 def audit(data_dir: Path) -> list[dict]:
-    db = Database(f"sqlite:///{data_dir / 'faultline.db'}")
+    db = Database(database_url(data_dir))
     try:
         with db.session() as session:
             entries, _ = store.audit_entries(session, limit=500)
