@@ -47,6 +47,8 @@ log = logging.getLogger("faultline.sidecar")
 
 READ_AGE_HEADER = "X-Faultline-Read-Age"
 STATE_VERSION = 1
+STOP_DRAIN_S = 10.0
+"""Stopped in follow mode: a short drain, within a pod's termination grace period."""
 DONE_KEPT = 256
 """Finished (let-go) files remembered in the checkpoint, so a restart does not re-read them."""
 
@@ -113,6 +115,7 @@ class Checkpoint:
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            self._lock_file.close()
             raise RuntimeError(f"another sidecar is using {directory}") from None
 
     def load(self) -> dict[str, Any]:
@@ -151,6 +154,8 @@ class Shared:
     job_closed: str | None = None
     """Why the job takes no more lines (finished elsewhere), or None."""
     smaller_batches: bool = False
+    aligned: bool = False
+    """The sender has compared offsets with the server since it has a job."""
     sent_lines: int = 0
     sent_batches: int = 0
 
@@ -208,17 +213,19 @@ class Sender(threading.Thread):
         """Where the server is for each file (a restart after an ack not yet checkpointed)."""
         try:
             response = self.client.get(f"/jobs/{self.shared.job_id}/sources")
-        except httpx.HTTPError:
-            return  # the 409s will align us anyway
-        if response.status_code != 200:
-            return
-        for item in response.json().get("data", []):
+            known = response.json().get("data", []) if response.status_code == 200 else []
+        except (httpx.HTTPError, ValueError):
+            known = []  # the 409s will align us anyway
+        for item in known:
             with self.shared.cond:
                 # also files this sidecar has no checkpoint for yet: with --from end it would
                 # otherwise start past what the server is still missing
                 acked = self.shared.acked.get(item["file"])
                 if acked is None or acked[0] != item["next_offset"]:
                     self._resync(item["file"], item["next_offset"])
+        with self.shared.cond:
+            self.shared.aligned = True
+            self.shared.cond.notify_all()
 
     def _resync(self, file_id: str, offset: int) -> None:
         """Under the lock: drop the file's queued batches, have the reader seek to `offset`."""
@@ -237,6 +244,7 @@ class Sender(threading.Thread):
         log.warning("%s: creating a new job and sending the files again from their start", why)
         with self.shared.cond:
             self.shared.job_id = None
+            self.shared.aligned = False
             for file_id, entry in self.shared.entries.items():
                 self._resync(file_id, int(entry.get("start_offset", 0)))
 
@@ -478,8 +486,9 @@ class Sidecar:
             if self.stop_reading.is_set():
                 if self.config.finish_on_stop:
                     return self._finish(self._exit_code_from_file(), finish=True)
+                # what is not delivered now is sent after a restart: the checkpoint only moves on acks
                 self._deliver(self.tailer.take(close_open=True))
-                self._drain(self.config.drain_timeout_s)
+                self._drain(min(self.config.drain_timeout_s, STOP_DRAIN_S))
                 return 0
             if self.shared.job_closed is not None and self.command is None:
                 log.warning("stopping: the job takes no more lines")
@@ -487,7 +496,7 @@ class Sidecar:
             if self._step() == 0:
                 self.stop_reading.wait(self.config.poll_interval_s)
 
-    def _step(self, *, partial: bool = False) -> int:
+    def _step(self) -> int:
         """One round: resyncs, a rescan when due, a read within the buffer bound, queueing."""
         with self.shared.cond:
             resyncs, self.shared.resyncs = self.shared.resyncs, {}
@@ -505,7 +514,7 @@ class Sidecar:
         with self.shared.cond:
             room = self.config.buffer_bytes - self.shared.queued_bytes - self.tailer.open_bytes()
         read = self.tailer.poll(room) if room > 0 else 0
-        self._deliver(self.tailer.take(partial=partial))
+        self._deliver(self.tailer.take())
         return read
 
     def _register(self) -> None:
@@ -519,6 +528,8 @@ class Sidecar:
         with self.shared.cond:
             shared = self.shared
             for tracked in self.tailer.tracked():
+                if tracked.file_id not in shared.entries:
+                    log.info("following %s from byte %d", tracked.path, tracked.read_pos)
                 shared.entries[tracked.file_id] = tracked.entry()
                 shared.acked.setdefault(tracked.file_id, (tracked.start_offset, tracked.skipping))
             for file_id, final, done in self.tailer.closed:
@@ -559,19 +570,31 @@ class Sidecar:
             return not self.shared.queue and self.shared.inflight is None
 
     def _finish(self, exit_code: int | None, *, finish: bool) -> int:
-        """Read every file to its end (partial lines too), deliver it, report the exit status."""
+        """Read every file to its end (partial lines too), deliver it, report the exit status.
+
+        Settled means: every file read to its end, nothing queued or in flight, and the
+        sender aligned with the server (a seek the server asked for may still add work)."""
         deadline = time.monotonic() + self.config.drain_timeout_s
         self._last_scan = 0.0
+        settled = False
         while time.monotonic() < deadline:
-            read = self._step(partial=False)
-            if read == 0 and self.tailer.at_end():
-                break
-            if read == 0:
-                self.stop_reading.wait(0.05)
-        self._register()
-        self._deliver(self.tailer.take(close_open=True, partial=True))
-        delivered = self._drain(max(0.0, deadline - time.monotonic()))
-        if not delivered:
+            if self._step():
+                continue
+            if not self.tailer.at_end():
+                time.sleep(0.05)  # no room in the buffer: the server is behind
+                continue
+            self._register()
+            self._deliver(self.tailer.take(close_open=True, partial=True))
+            with self.shared.cond:
+                shared = self.shared
+                if shared.job_closed is not None:
+                    break
+                settled = (shared.aligned and not shared.queue and shared.inflight is None
+                           and not shared.resyncs and self.tailer.open_bytes() == 0)
+                if settled:
+                    break
+                shared.cond.wait(0.1)
+        if not settled:
             log.warning("not everything was delivered before the drain timeout; the checkpoint keeps the "
                         "offsets, a later `faultline tail --once` sends the rest")
         if finish and self.shared.job_closed is None:
