@@ -89,8 +89,9 @@ def _tail_parser(sub: argparse._SubParsersAction) -> None:
                    help="where to start in files present at startup that have no checkpoint (default beginning)")
     p.add_argument("--state-dir", default=None, metavar="DIR",
                    help="where offsets are checkpointed (default: under FAULTLINE_DATA_DIR/sidecar)")
-    p.add_argument("--batch-bytes", type=_size, default=1 << 20, metavar="N", help="lines per request, in bytes")
-    p.add_argument("--buffer-bytes", type=_size, default=64 << 20, metavar="N",
+    p.add_argument("--batch-bytes", type=_size, default=4 << 20, metavar="N",
+                   help="most bytes of lines per request (small batches leave after --flush-interval)")
+    p.add_argument("--buffer-bytes", type=_size, default=32 << 20, metavar="N",
                    help="read ahead of the server at most this much; past it, reading waits")
     p.add_argument("--max-line-bytes", type=_size, default=256 << 10, metavar="N",
                    help="longer lines keep their head, the rest is skipped")

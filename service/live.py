@@ -226,7 +226,8 @@ class LiveJobs:
                 ledger.record(session, job_id, chunk, lines=lines, body=body)
                 self._note_output(job, run, chunk.source, lines, len(body), observed)
                 notified = self._settle(session, job, diagnosis.to_dict())
-                store.save_kept_lines(session, job_id, kept)
+                if kept:
+                    store.save_kept_lines(session, job_id, kept)
                 total = job.lines_received
         except BaseException:
             self.cache.evict(job_id)  # fed but not saved: the cached run is ahead of the database

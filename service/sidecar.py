@@ -64,7 +64,7 @@ class SidecarConfig:
     tags: tuple[str, ...] = ()
     job_key: str | None = None
     """The scheduler's id (Slurm job id, pod uid): sidecars of one job on several nodes share it."""
-    buffer_bytes: int = 64 << 20
+    buffer_bytes: int = 32 << 20
     poll_interval_s: float = 0.2
     glob_interval_s: float = 1.0
     drain_timeout_s: float = 60.0
@@ -512,9 +512,12 @@ class Sidecar:
             self.tailer.scan()
         self._register()
         with self.shared.cond:
-            room = self.config.buffer_bytes - self.shared.queued_bytes - self.tailer.open_bytes()
-        read = self.tailer.poll(room) if room > 0 else 0
-        self._deliver(self.tailer.take())
+            queued = self.shared.queued_bytes
+        room = self.config.buffer_bytes - queued - self.tailer.open_bytes()
+        read = self.tailer.poll(max(room, 0))  # with no room it reads nothing, but timeouts still run
+        # the buffer is all open batches (many files, none full yet): send them as they are,
+        # or nothing would ever leave
+        self._deliver(self.tailer.take(close_open=room <= 0 and queued == 0))
         return read
 
     def _register(self) -> None:

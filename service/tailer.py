@@ -39,8 +39,8 @@ class TailConfig:
     read_from: str = "beginning"
     """`beginning` or `end`: where to start in files present at startup without a checkpoint."""
     max_line_bytes: int = 256 << 10
-    batch_bytes: int = 1 << 20
-    max_read_bytes: int = 4 << 20
+    batch_bytes: int = 4 << 20
+    max_read_bytes: int = 1 << 20
     """Per file and poll, so one busy file cannot starve the others."""
     partial_timeout_s: float = 5.0
     batch_timeout_s: float = 0.5
@@ -397,7 +397,10 @@ class Tailer:
 
     def _timeouts(self, tracked: Tracked, now: float) -> None:
         cfg = self.config
-        if tracked.pending and now - tracked.pending_at >= cfg.partial_timeout_s:
+        if (tracked.pending and now - tracked.pending_at >= cfg.partial_timeout_s
+                and os.fstat(tracked.fd).st_size <= tracked.read_pos):
+            # the writer went quiet mid-line; a line merely not read yet (the buffer is full,
+            # or the read stopped mid-line) is not partial and must not be split
             self._flush_partial(tracked)
         if tracked.parts and now - tracked.batch_opened >= cfg.batch_timeout_s:
             self._close_batch(tracked)

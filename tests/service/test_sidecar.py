@@ -223,3 +223,29 @@ def test_the_command_after_double_dash_is_the_sidecars_own() -> None:
                           "a"]) == (["tail", "--server", "u", "x.log"], ["torchrun", "--nproc-per-node", "8", "--", "a"])
     assert split_command(["diagnose", "--", "x"]) == (["diagnose", "--", "x"], [])
     assert free_port() > 0
+
+
+def test_open_batches_of_many_files_never_block_the_buffer(tmp_path: Path) -> None:
+    for rank in range(8):
+        (tmp_path / f"rank{rank}.log").write_bytes(text([iteration(s, 2.3, rank=rank) for s in range(1, 1001)]))
+    expected = sum(p.stat().st_size for p in tmp_path.glob("*.log"))
+    config = SidecarConfig(server="http://127.0.0.1:9", job_name="gpt", paths=(str(tmp_path / "*.log"),),
+                           state_dir=tmp_path / "state", tail=TailConfig(batch_bytes=128 << 10),
+                           buffer_bytes=256 << 10)
+    sidecar = Sidecar(config)  # eight open batches could hold 1 MB: more than the whole buffer
+    delivered = 0
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            sidecar._step()
+            time.sleep(0.002)
+            with sidecar.shared.cond:  # what the sender does when the server acknowledges
+                delivered += sum(len(b.body) for b in sidecar.shared.queue)
+                sidecar.shared.queue.clear()
+                sidecar.shared.queued_bytes = 0
+            if delivered == expected:
+                break
+    finally:
+        sidecar.tailer.close()
+        sidecar.checkpoint.close()
+    assert delivered == expected

@@ -193,3 +193,19 @@ def test_crlf_and_bare_cr_are_line_ends_and_a_split_crlf_is_one(tmp_path: Path) 
                                            ("/var/log/train/node-3.out.12", "/var/log/train/node-3.out")])
 def test_source_names_drop_rotation_suffixes(path: str, expected: str) -> None:
     assert source_name(path) == expected
+
+
+def test_a_line_cut_by_the_buffer_bound_is_not_a_partial_line(tmp_path: Path) -> None:
+    clock = Clock()
+    log = tmp_path / "rank0.log"
+    content = iteration_lines(1, 100)
+    log.write_bytes(content)
+    tailer = make([str(log)], clock, partial_timeout_s=5.0)
+    tailer.scan()
+    tailer.poll(1000)  # the buffer had room for 1000 bytes: the read stops mid-line
+    clock.now += 60  # the server is slow: nothing is read for a minute
+    tailer.poll(0)
+    while tailer.poll(1 << 20):
+        pass
+    body = b"".join(b.body for b in tailer.take(close_open=True))
+    assert body == content, "the line the read stopped in is whole, not split in two"
