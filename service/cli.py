@@ -79,7 +79,8 @@ def _tail_parser(sub: argparse._SubParsersAction) -> None:
                                    "server until stopped; with `-- COMMAND...`, run the command, tee its output, "
                                    "and report its exit status when it ends.")
     p.add_argument("paths", nargs="*", metavar="PATH", help="log files or globs (quote them), e.g. 'logs/rank*.log'")
-    p.add_argument("--server", required=True, metavar="URL", help="the Faultline service, e.g. http://faultline:8080")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="the Faultline service, e.g. http://faultline:8080 (default: FAULTLINE_SERVER_URL)")
     p.add_argument("--job-name", required=True, metavar="N", help="job name (finds rules learned for its family)")
     p.add_argument("--job-key", default=None, metavar="K",
                    help="the scheduler's job id; sidecars on several nodes with the same key share one job")
@@ -279,12 +280,15 @@ def cmd_tail(args: argparse.Namespace, _out: TextIO) -> int:
                         format="faultline tail: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     settings = load_settings()
+    server = (args.server or settings.server_url).rstrip("/")
+    if not server:
+        raise BadInput("--server URL is required (or set FAULTLINE_SERVER_URL)")
     key = args.job_key or args.job_name
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir(
-        settings.data_dir, args.server, key, tuple(args.paths) + command)
+        settings.data_dir, server, key, tuple(args.paths) + command)
     try:
         config = SidecarConfig(
-            server=args.server.rstrip("/"), job_name=args.job_name, paths=tuple(args.paths), state_dir=state_dir,
+            server=server, job_name=args.job_name, paths=tuple(args.paths), state_dir=state_dir,
             tail=TailConfig(read_from=args.read_from, max_line_bytes=args.max_line_bytes, batch_bytes=args.batch_bytes,
                             partial_timeout_s=args.partial_timeout, batch_timeout_s=args.flush_interval,
                             rotate_wait_s=args.rotate_wait, source_prefix=args.source_prefix),

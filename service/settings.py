@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     """First retry delay; it doubles with each attempt (capped at webhook_backoff_max_s)."""
     webhook_backoff_max_s: float = Field(default=600.0, gt=0.0)
 
+    server_url: str = ""
+    """The service `faultline tail` sends to when no --server is given."""
+
     hang_floor_s: float = Field(default=30 * 60, gt=0.0)
     """A live job is never stalled before this many seconds without progress."""
     hang_step_factor: float = Field(default=20.0, gt=0.0)
@@ -93,7 +96,7 @@ class Settings(BaseSettings):
                                    file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, _ConfigFileSource(settings_cls), file_secret_settings
 
-    @field_validator("llm_base_url", "webhook_url")
+    @field_validator("llm_base_url", "webhook_url", "server_url")
     @classmethod
     def _check_url(cls, value: str, info: Any) -> str:
         if value and not value.startswith(("http://", "https://")):

@@ -190,6 +190,8 @@ class Sender(threading.Thread):
         """Create (or, by job key, find) the job; then align with what the server has."""
         if self.shared.job_id is not None:
             return True
+        if self.config.once and self.config.job_key:
+            return self._open_job_by_key()
         body = {"name": self.config.job_name, "framework": self.config.framework, "tags": list(self.config.tags),
                 "external_id": self.config.job_key}
         try:
@@ -205,6 +207,31 @@ class Sender(threading.Thread):
             self.shared.job_id = response.json()["id"]
             self.shared.cond.notify_all()
         log.info("job %s (%s)", self.shared.job_id, self.config.job_name)
+        self.save()
+        self.align()
+        return True
+
+    def _open_job_by_key(self) -> bool:
+        """An epilog attaches to the open job of its key, or does nothing: a job whose sidecar
+        already reported its end needs no second one."""
+        try:
+            response = self.client.get("/jobs", params={"external_id": self.config.job_key})
+            found = [j for j in response.json()["data"] if j["finished_at"] is None] if response.status_code == 200 \
+                else None
+        except (httpx.HTTPError, ValueError, KeyError):
+            found = None
+        if found is None:
+            self._backoff("cannot look the job up")
+            return False
+        self._ok()
+        with self.shared.cond:
+            if not found:
+                log.info("no open job with key %s: its end was already reported", self.config.job_key)
+                self.shared.job_closed = "finished"
+                self.shared.cond.notify_all()
+                return False
+            self.shared.job_id = found[0]["id"]
+            self.shared.cond.notify_all()
         self.save()
         self.align()
         return True
@@ -254,6 +281,10 @@ class Sender(threading.Thread):
             if self.shared.job_id is not None:
                 self.align()
             while not self.stop.is_set():
+                if self.shared.job_closed is not None:
+                    self._discard()
+                    self.stop.wait(0.5)
+                    continue
                 if not self.ensure_job():
                     continue
                 batch = self._next()
@@ -262,16 +293,18 @@ class Sender(threading.Thread):
         finally:
             self.client.close()
 
+    def _discard(self) -> None:
+        """The job takes no more lines: what is queued has nowhere to go."""
+        with self.shared.cond:
+            self.shared.queue.clear()
+            self.shared.queued_bytes = 0
+            self.shared.cond.notify_all()
+
     def _next(self) -> Batch | None:
         with self.shared.cond:
             while not self.shared.queue and not self.stop.is_set():
                 self.shared.cond.wait(0.5)
-            if not self.shared.queue:
-                return None
-            if self.shared.job_closed is not None:
-                self.shared.queue.clear()
-                self.shared.queued_bytes = 0
-                self.shared.cond.notify_all()
+            if not self.shared.queue or self.shared.job_closed is not None:
                 return None
             batch = self.shared.queue[0]
             self.shared.inflight = batch

@@ -140,9 +140,11 @@ def get_job(job_id: str, ctx: ContextDep, live: LiveDep) -> dict[str, Any]:
 def list_jobs(ctx: ContextDep,
               name: Annotated[str | None, Query(max_length=512)] = None,
               status: Annotated[str | None, Query(max_length=16)] = None,
+              external_id: Annotated[str | None, Query(max_length=256)] = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
               offset: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
-    """Jobs, newest first; `name` finds the jobs of that name."""
+    """Jobs, newest first; `name` finds the jobs of that name, `external_id` those of a scheduler id."""
     with ctx.db.session() as session:
-        jobs = store.find_jobs(session, name=name, status=status, limit=limit, offset=offset)
+        jobs = store.find_jobs(session, name=name, status=status, external_id=external_id, limit=limit,
+                               offset=offset)
         return {"data": [job_view(j) for j in jobs], "count": len(jobs)}

@@ -178,6 +178,11 @@ def test_the_epilog_sends_the_rest_and_the_exit_status_without_a_checkpoint(serv
     assert job["lines_received"] == 522, "the rest exactly once, the partial last line included"
     assert job["finished_at"] and job["exit_code"] == 1
     assert job["diagnosis"]["root_cause"]["line"] == ECC
+    # a second epilog (or one after a sidecar that reported the end itself) finds no open job
+    again = tail(server, "gpt-epilog", "--once", "--exit-code", "1", *args, env=env_for(tmp_path / "other"))
+    _, err = again.communicate(timeout=90)
+    assert b"already reported" in err
+    assert len(httpx.get(f"{server}/jobs", params={"name": "gpt-epilog"}).json()["data"]) == 1, "no new job"
 
 
 def test_the_reader_stops_at_the_buffer_bound(tmp_path: Path) -> None:
@@ -208,6 +213,7 @@ def test_two_sidecars_never_share_a_checkpoint(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["tail", "--server", "http://127.0.0.1:9", "--job-name", "gpt"], "PATH"),
+    (["tail", "--job-name", "gpt", "a.log"], "FAULTLINE_SERVER_URL"),
     (["tail", "--server", "ftp://x", "--job-name", "gpt", "a.log"], "http(s) URL"),
     (["tail", "--server", "http://127.0.0.1:9", "--job-name", "gpt", "--exit-code", "1", "a.log"], "--once"),
     (["tail", "--server", "http://127.0.0.1:9", "--job-name", "gpt", "--once", "a.log", "--", "true"], "--once"),
