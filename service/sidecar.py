@@ -455,6 +455,7 @@ class Sidecar:
         self.checkpoint = Checkpoint(config.state_dir)
         self.shared = Shared()
         self.stop_reading = threading.Event()
+        self.abort = threading.Event()
         self.stop_sending = threading.Event()
         self.sender = Sender(config, self.shared, self.checkpoint, self.stop_sending)
         self.command: Command | None = None
@@ -497,6 +498,10 @@ class Sidecar:
     def _install_signals(self) -> None:
         def stop(signum: int, _frame: object) -> None:
             if self.command is None:
+                # the first signal stops following (and drains); a second, or any during
+                # --once, gives up on the drain (the checkpoint keeps what was acknowledged)
+                if self.stop_reading.is_set() or self.config.once:
+                    self.abort.set()
                 self.stop_reading.set()
             elif signum == signal.SIGTERM:
                 # the command decides how to end and we follow it to its end; SIGINT from a
@@ -600,7 +605,7 @@ class Sidecar:
         with self.shared.cond:
             while self.shared.queue or self.shared.inflight is not None:
                 left = deadline - time.monotonic()
-                if left <= 0 or self.shared.job_closed is not None:
+                if left <= 0 or self.shared.job_closed is not None or self.abort.is_set():
                     break
                 self.shared.cond.wait(min(left, 0.5))
             return not self.shared.queue and self.shared.inflight is None
@@ -613,7 +618,7 @@ class Sidecar:
         deadline = time.monotonic() + self.config.drain_timeout_s
         self._last_scan = 0.0
         settled = False
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.abort.is_set():
             if self._step():
                 continue
             if not self.tailer.at_end():
@@ -633,7 +638,7 @@ class Sidecar:
         if not settled:
             log.warning("not everything was delivered before the drain timeout; the checkpoint keeps the "
                         "offsets, a later `faultline tail --once` sends the rest")
-        if finish and self.shared.job_closed is None:
+        if finish and self.shared.job_closed is None and not self.abort.is_set():
             self._report_finish(exit_code, deadline)
         return exit_code if exit_code is not None else 0
 
