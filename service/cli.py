@@ -98,7 +98,8 @@ def _tail_parser(sub: argparse._SubParsersAction) -> None:
                    help="longer lines keep their head, the rest is skipped")
     p.add_argument("--partial-timeout", type=_seconds, default=5.0, metavar="S",
                    help="send a last line without its newline after this long")
-    p.add_argument("--flush-interval", type=_seconds, default=0.5, metavar="S", help="send small batches after this long")
+    p.add_argument("--flush-interval", type=_seconds, default=0.5, metavar="S",
+                   help="send small batches after this long")
     p.add_argument("--poll-interval", type=_seconds, default=0.2, metavar="S")
     p.add_argument("--glob-interval", type=_seconds, default=1.0, metavar="S", help="rescan the globs this often")
     p.add_argument("--rotate-wait", type=_seconds, default=10.0, metavar="S",

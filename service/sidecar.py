@@ -661,7 +661,8 @@ class Sidecar:
                         else:
                             diagnosis = response.json().get("diagnosis") or {}
                             root = diagnosis.get("root_cause") or {}
-                            log.info("job %s finished: %s %s", job_id, diagnosis.get("status"), root.get("reason", ""))
+                            log.info("job %s finished: %s %s", job_id, diagnosis.get("status"),
+                                     root.get("reason", ""))
                         return
                 except httpx.HTTPError:
                     pass

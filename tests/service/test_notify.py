@@ -16,7 +16,8 @@ from service.errors import ConfigError
 from service.models import Job, Notification
 from service.notify import Deliverer, event_for, sign, verify
 from service.settings import Settings, load_settings
-from tests.service.test_live_api import ECC, NCCL_TIMEOUT, NODE, Job as LiveJob, iteration, text
+from tests.service.test_live_api import ECC, NCCL_TIMEOUT, NODE, iteration, text
+from tests.service.test_live_api import Job as LiveJob
 from tests.support.server import running_server
 from tests.support.webhook import WebhookReceiver
 
