@@ -20,7 +20,8 @@ import pytest
 
 from service.cli import main, split_command
 from service.settings import Settings
-from service.sidecar import Checkpoint, Sidecar, SidecarConfig, default_state_dir
+from service.shipper import Checkpoint
+from service.sidecar import Sidecar, SidecarConfig, default_state_dir
 from service.tailer import TailConfig
 from tests.service.test_live_api import ECC, iteration, text
 from tests.support.server import ServerProcess, free_port, running_server
