@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FINGERPRINT_BYTES = 1024
+DONE_REMEMBERED = 4096
+"""Let-go files remembered (a job rotating every rank file hourly for months stays bounded)."""
 _ROTATED_SUFFIX = re.compile(r"\.\d+$")
 
 
@@ -421,6 +423,8 @@ class Tailer:
         os.close(tracked.fd)
         del self.files[(tracked.dev, tracked.ino)]
         self.done[(tracked.dev, tracked.ino)] = tracked.fingerprint
+        while len(self.done) > DONE_REMEMBERED:
+            del self.done[next(iter(self.done))]
         if tracked.file_id is not None:
             self.closed.append((tracked.file_id, tracked.batch_start, True))
 
