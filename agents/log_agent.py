@@ -167,6 +167,18 @@ class LogAgent:
     def for_job(self, meta: JobMeta) -> JobLogAgent:
         return JobLogAgent(self, meta, self._backend())
 
+    def resume(self, state: dict[str, Any]) -> JobLogAgent:
+        """A job's agent from JobLogAgent.state(), on this process's agent and backends (a
+        live job's appends may reach any replica)."""
+        job = JobLogAgent.__new__(JobLogAgent)
+        job.__dict__.update(state)
+        job.agent, job.config = self, self.config
+        job.backend = self._backend()
+        calls_left = state.get("_calls_left")
+        if calls_left is not None and hasattr(job.backend, "calls_left"):
+            job.backend.calls_left = calls_left  # the job's LLM budget survives the move
+        return job
+
 
 class JobLogAgent:
     """The Log Agent for one job (implements service.pipeline.LogAgentHook)."""
@@ -190,6 +202,12 @@ class JobLogAgent:
         self._context: set[tuple[str, int]] = set()
         """Lines that continue an error (traceback code lines): never mined, never filtered."""
         self._last_error: dict[str, tuple[int, str]] = {}
+
+    def state(self) -> dict[str, Any]:
+        """What the job has learned and is working on, without the process-wide parts."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("agent", "config", "backend")}
+        state["_calls_left"] = getattr(self.backend, "calls_left", None)
+        return state
 
     # -- the hook ----------------------------------------------------------------------------
     def observe(self, run: JobRun, kept: list[KeptLine]) -> list[FilterRule]:

@@ -41,7 +41,8 @@ class Segmenter:
     max_lines: int = 256
     max_bytes: int = 64 << 10
     max_age_s: float = 30.0
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = time.time
+    """Wall clock: a live job's open segment may be resumed in another process."""
     _lines: list[KeptLine] = field(default_factory=list)
     _errors: list[KeptLine] = field(default_factory=list)
     _bytes: int = 0

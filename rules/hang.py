@@ -10,6 +10,7 @@ the job is starting up, and only output silence counts, against twice the floor.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,24 @@ class Silence:
     threshold: float
     since: str
     """`progress` (no new step) or `output` (no line at all)."""
+
+
+def report_periods(steps: Sequence[float], step_seconds: Sequence[float]) -> list[float]:
+    """Seconds between consecutive progress reports, from the job's own step times.
+
+    A job logs every `--log-interval` steps (1 to 100 in practice), so silence must be
+    measured against the time between reports, not the time of one step: 20 x 1.5 s would
+    call a Megatron job with a 50-step interval stalled between every two of its lines.
+    Points without a step or a step time (NaN) are skipped.
+    """
+    periods = []
+    previous = math.nan
+    for step, seconds in zip(steps, step_seconds, strict=True):
+        if not math.isnan(step):
+            if not math.isnan(previous) and step > previous and math.isfinite(seconds) and seconds > 0:
+                periods.append((step - previous) * seconds)
+            previous = step
+    return periods
 
 
 def threshold(*, floor_s: float, factor: float, step_seconds: Sequence[float], longest_gap_s: float) -> float:

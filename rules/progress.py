@@ -44,6 +44,8 @@ def _column(values: Sequence[bytes | None]) -> list[float]:
     try:
         return list(map(float, values))  # the common case, at C speed
     except (TypeError, ValueError):
+        if not any(values):  # a field this format never prints (step time in s when it gives ms)
+            return [NAN] * len(values)
         return [_number(v) for v in values]
 
 
@@ -138,6 +140,11 @@ class ProgressTracker:
 
     def __len__(self) -> int:
         return len(self._lines)
+
+    def recent(self, name: str, count: int) -> list[float]:
+        """The last `count` values of one column (`step`, `loss`, `step_time_s`, ...); NaN
+        where a point had no value."""
+        return list(self._cols[name][-count:])
 
     def _last(self, name: str) -> float | None:
         column = self._cols[name]

@@ -105,15 +105,25 @@ def from_spike(spike: Spike, checkpoints: list[Checkpoint], source: str) -> tupl
     return view, mitigation, rollback
 
 
-def from_hang(line: str, line_number: int, source: str, silent_s: float | None) -> tuple[RootCauseView, str]:
+def from_hang(line: str, line_number: int, source: str, silent_s: float | None,
+              since: str = "progress") -> tuple[RootCauseView, str]:
+    """`since`: `progress` (steps stopped; the line is the last progress report) or `output`
+    (nothing at all since start-up; the line is the last one printed)."""
     taxonomy = reason("hang")
     view = RootCauseView(
         reason="hang", category=taxonomy.category.value if taxonomy.category else None,
         origin=taxonomy.origin.value, line=line, line_number=line_number, file=source,
         rank=None, node=None, confidence=0.7, source="progress",
     )
-    minutes = f" for {silent_s / 60:.0f} minutes" if silent_s else ""
-    return view, (f"No training progress{minutes} after this line and no error. " + taxonomy.mitigation)
+    if silent_s is None:
+        span = ""
+    elif silent_s >= 120:
+        span = f" for {silent_s / 60:.0f} minutes"
+    else:
+        span = f" for {silent_s:.0f} seconds"
+    what = ("No training progress" if since == "progress"
+            else "No output and no training step yet")
+    return view, (f"{what}{span} after this line and no error. " + taxonomy.mitigation)
 
 
 def nothing_found(status: JobStatus) -> tuple[str, str]:

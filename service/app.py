@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -16,9 +17,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.auth import AdminTokens
 from service.context import Context
 from service.errors import FaultlineError
+from service.live import LiveJobs
 from service.metrics import LatencyMiddleware, Metrics
+from service.notify import Deliverer, Outbox
 from service.routes import admin, admin_web, diagnose, health, jobs, metrics
 from service.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+
+async def _every(seconds: float, work: Callable[[], object]) -> None:
+    """Run blocking work in a thread every `seconds` until cancelled; a failed round is logged."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await asyncio.to_thread(work)
+        except Exception:
+            log.exception("periodic %s failed", getattr(work, "__name__", "work"))
 
 
 DATABASE_RETRY_AFTER_S = 2
@@ -38,9 +53,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx = Context.build(settings, metrics=registry)
         app.state.ctx = ctx
+        outbox = Outbox(settings)
+        outbox.attach(asyncio.get_running_loop())
+        app.state.live = live = LiveJobs(ctx, outbox)
+        tasks = [asyncio.create_task(_every(settings.hang_check_interval_s, live.sweep), name="stall-sweep")]
+        if outbox.enabled:
+            deliverer = Deliverer(settings, ctx.db, registry)
+            tasks.append(asyncio.create_task(deliverer.run(outbox.wake), name="webhook-delivery"))
         try:
             yield
         finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             ctx.close()
 
     app = FastAPI(title="Faultline", version="0.1.0", lifespan=lifespan,

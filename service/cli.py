@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
@@ -49,11 +50,86 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("db", help="the database schema (migrations)")
     p.add_argument("action", choices=["upgrade", "current"],
                    help="upgrade: bring the schema to the newest revision; current: print its revision")
+    _tail_parser(sub)
 
     from service import rules_cli
 
     rules_cli.add_parser(sub, _Parser)
     return parser
+
+
+def _size(text: str) -> int:
+    """A byte count: `65536`, `64K`, `1M`, `2G`."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, re.I)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 1M, 64K, 65536)")
+    return int(match.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[match.group(2).upper()]
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _tail_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tail", help="the sidecar: follow a job's log files and send them to the service",
+                       description="Follow log files (globs allowed) and send their lines to a Faultline "
+                                   "server until stopped; with `-- COMMAND...`, run the command, tee its output, "
+                                   "and report its exit status when it ends.")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="log files or globs (quote them), e.g. 'logs/rank*.log'")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="the Faultline service, e.g. http://faultline:8080 (default: FAULTLINE_SERVER_URL)")
+    p.add_argument("--job-name", required=True, metavar="N", help="job name (finds rules learned for its family)")
+    p.add_argument("--job-key", default=None, metavar="K",
+                   help="the scheduler's job id; sidecars on several nodes with the same key share one job")
+    p.add_argument("--framework", default=None, metavar="F")
+    p.add_argument("--tag", action="append", default=[], metavar="T", dest="tags", help="job tag (repeatable)")
+    p.add_argument("--from", dest="read_from", choices=("beginning", "end"), default="beginning",
+                   help="where to start in files present at startup that have no checkpoint (default beginning)")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="where offsets are checkpointed (default: under FAULTLINE_DATA_DIR/sidecar)")
+    p.add_argument("--batch-bytes", type=_size, default=4 << 20, metavar="N",
+                   help="most bytes of lines per request (small batches leave after --flush-interval)")
+    p.add_argument("--buffer-bytes", type=_size, default=32 << 20, metavar="N",
+                   help="read ahead of the server at most this much; past it, reading waits")
+    p.add_argument("--max-line-bytes", type=_size, default=256 << 10, metavar="N",
+                   help="longer lines keep their head, the rest is skipped")
+    p.add_argument("--partial-timeout", type=_seconds, default=5.0, metavar="S",
+                   help="send a last line without its newline after this long")
+    p.add_argument("--flush-interval", type=_seconds, default=0.5, metavar="S",
+                   help="send small batches after this long")
+    p.add_argument("--poll-interval", type=_seconds, default=0.2, metavar="S")
+    p.add_argument("--glob-interval", type=_seconds, default=1.0, metavar="S", help="rescan the globs this often")
+    p.add_argument("--rotate-wait", type=_seconds, default=10.0, metavar="S",
+                   help="keep reading a rotated or deleted file until it is idle this long")
+    p.add_argument("--drain-timeout", type=_seconds, default=60.0, metavar="S",
+                   help="at the end, how long to keep delivering what is left")
+    p.add_argument("--retry-max", type=_seconds, default=10.0, metavar="S", help="longest wait between retries")
+    p.add_argument("--gzip", action="store_true", help="compress request bodies")
+    p.add_argument("--source-prefix", default="", metavar="P",
+                   help="prefix for file names in diagnoses (e.g. the node name, when nodes share file names)")
+    p.add_argument("--once", action="store_true", help="send what the files hold now and exit (an epilog)")
+    p.add_argument("--exit-code", type=int, default=None, metavar="N", help="with --once: report this exit status")
+    p.add_argument("--finish-on-stop", action="store_true",
+                   help="report the end of the job when stopped (SIGTERM), e.g. as a pod's sidecar container")
+    p.add_argument("--exit-code-file", default=None, metavar="F", help="where the training writes its exit status")
+    p.add_argument("--tee", default=None, metavar="FILE",
+                   help="with a command: where its output goes (followed too; default in the state dir)")
+    p.add_argument("--quiet", action="store_true", help="only warnings on standard error")
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`faultline tail ... -- torchrun ...`: the sidecar's arguments and the command."""
+    argv = list(argv)
+    if argv[:1] == ["tail"] and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
 
 
 def _context(settings: Settings):
@@ -211,6 +287,50 @@ def cmd_db(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_tail(args: argparse.Namespace, _out: TextIO) -> int:
+    import logging
+    from pathlib import Path
+
+    from service.errors import BadInput
+    from service.sidecar import Sidecar, SidecarConfig, default_state_dir
+    from service.tailer import TailConfig
+
+    command = tuple(getattr(args, "command_argv", ()) or ())
+    if args.exit_code is not None and not args.once:
+        raise BadInput("--exit-code goes with --once (a command's own exit status is reported by itself)")
+    if command and args.once:
+        raise BadInput("--once cannot run a command")
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
+                        format="faultline tail: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+    settings = load_settings()
+    server = (args.server or settings.server_url).rstrip("/")
+    if not server:
+        raise BadInput("--server URL is required (or set FAULTLINE_SERVER_URL)")
+    key = args.job_key or args.job_name
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir(
+        settings.data_dir, server, key, tuple(args.paths) + command)
+    try:
+        config = SidecarConfig(
+            server=server, job_name=args.job_name, paths=tuple(args.paths), state_dir=state_dir,
+            tail=TailConfig(read_from=args.read_from, max_line_bytes=args.max_line_bytes, batch_bytes=args.batch_bytes,
+                            partial_timeout_s=args.partial_timeout, batch_timeout_s=args.flush_interval,
+                            rotate_wait_s=args.rotate_wait, source_prefix=args.source_prefix),
+            framework=args.framework, tags=tuple(args.tags), job_key=args.job_key, buffer_bytes=args.buffer_bytes,
+            poll_interval_s=args.poll_interval, glob_interval_s=args.glob_interval,
+            drain_timeout_s=args.drain_timeout, retry_max_s=args.retry_max, gzip=args.gzip, once=args.once,
+            exit_code=args.exit_code, finish_on_stop=args.finish_on_stop,
+            exit_code_file=Path(args.exit_code_file) if args.exit_code_file else None,
+            command=command, tee=Path(args.tee) if args.tee else None)
+        sidecar = Sidecar(config)
+    except (ValueError, RuntimeError) as exc:
+        raise BadInput(str(exc)) from None
+    try:
+        return sidecar.run()
+    except RuntimeError as exc:
+        raise BadInput(str(exc)) from None
+
+
 def cmd_rules(args: argparse.Namespace, out: TextIO) -> int:
     from service import rules_cli
 
@@ -222,12 +342,15 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "compress": cmd_compress,
     "serve": cmd_serve,
     "db": cmd_db,
+    "tail": cmd_tail,
     "rules": cmd_rules,
 }
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    argv, command = split_command(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.command_argv = command
     try:
         return _COMMANDS[args.command](args, out or sys.stdout)
     except FaultlineError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -24,6 +25,8 @@ class Context:
     db: Database
     rulebook: Rulebook
     log_agent_factory: object | None = None
+    log_agent_impl: Any = None
+    """The process-wide Log Agent (agents.log_agent.LogAgent), to resume a live job's agent."""
     failure_agent: FailureAgentHook | None = None
     closers: list = field(default_factory=list)
     metrics: Metrics = field(default_factory=Metrics)
@@ -50,6 +53,7 @@ class Context:
 
             agent, closers = build_log_agent(settings, db, rulebook, on_report=metrics.log_agent_report)
             ctx.log_agent_factory = agent.for_job
+            ctx.log_agent_impl = agent
             ctx.closers.extend(closers)
         return ctx
 
@@ -57,6 +61,12 @@ class Context:
         if not self.settings.log_agent or self.log_agent_factory is None:
             return None
         return self.log_agent_factory(meta)
+
+    def resume_log_agent(self, state: dict[str, Any] | None) -> LogAgentHook | None:
+        """A live job's Log Agent from its saved state (None: the job runs without one)."""
+        if state is None or not self.settings.log_agent or self.log_agent_impl is None:
+            return None
+        return self.log_agent_impl.resume(state)
 
     def new_run(self, meta: JobMeta) -> JobRun:
         self.rulebook.refresh()

@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from service.context import Context
+from service.live import LiveJobs
 
 
 def get_context(request: Request) -> Context:
@@ -20,5 +21,10 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
+def get_live(request: Request) -> LiveJobs:
+    return request.app.state.live
+
+
 ContextDep = Annotated[Context, Depends(get_context)]
+LiveDep = Annotated[LiveJobs, Depends(get_live)]
 SessionDep = Annotated[Session, Depends(get_session)]

@@ -42,6 +42,13 @@ class Unprocessable(FaultlineError):
     status_code = 422
 
 
+class Busy(FaultlineError):
+    """Too much contention right now; the client should retry (the sidecar does)."""
+
+    status_code = 503
+    headers = {"Retry-After": "1"}
+
+
 class ConfigError(FaultlineError):
     """A setting is missing or unsafe; the service refuses to start."""
 

@@ -87,6 +87,12 @@ class Metrics:
         self.request_latency = Histogram("faultline_http_request_duration_seconds", "HTTP request latency, by "
                                          "method, route template and status code.", ["method", "route", "status"],
                                          buckets=LATENCY_BUCKETS, registry=r)
+        self.live_chunks = Counter("faultline_live_chunks", "Chunks sent to live jobs, by outcome (new, duplicate, "
+                                   "gap, overlap, raced).", ["outcome"], registry=r)
+        self.notifications = Counter("faultline_notifications", "Webhook deliveries, by event and outcome "
+                                     "(delivered, retry, failed).", ["event", "outcome"], registry=r)
+        self.stalls = Counter("faultline_stalls_detected", "Live jobs marked stalled, by what fell silent "
+                              "(progress, output).", ["since"], registry=r)
         self.rules = Gauge("faultline_rules", "Stored rules (learned, suggested, imported) by kind and status.",
                            ["kind", "status"], registry=r)
 

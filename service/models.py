@@ -41,6 +41,9 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True, unique=True, index=True)
     """The client's `Idempotency-Key` of the POST /diagnose that stored this job: a retry
     (after a timeout, or sent to another replica) finds the stored job instead of adding one."""
+    external_id: Mapped[str | None] = mapped_column(String(256), nullable=True, index=True)
+    """The scheduler's id of a live job (Slurm job id, Kubernetes Job uid): sidecars on
+    several nodes of one job find the same Faultline job by it."""
 
 
 class KeptLineRow(Base):
@@ -57,14 +60,18 @@ class KeptLineRow(Base):
 
 
 class Chunk(Base):
-    """Chunks appended to a live job: the ledger that makes appends idempotent."""
+    """Chunks appended to a live job: the ledger that makes appends idempotent. Only the
+    last chunks of each file are kept (a resend can only be of those); JobSource holds
+    where the next one must start."""
 
     __tablename__ = "job_chunks"
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     source: Mapped[str] = mapped_column(String(512), primary_key=True)
+    file_id: Mapped[str] = mapped_column(String(128), primary_key=True, default="")
     offset: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     length: Mapped[int] = mapped_column(BigInteger)
+    """File bytes the chunk covers (the body may be shorter: cut long lines)."""
     lines: Mapped[int] = mapped_column(Integer)
     checksum: Mapped[str] = mapped_column(String(64), default="")
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -151,6 +158,9 @@ class Counter(Base):
 
 
 Index("ix_kept_lines_job_line", KeptLineRow.job_id, KeptLineRow.source, KeptLineRow.line_number)
+# one unfinished live job per scheduler id; a requeued Slurm job keeps its id and gets a new job
+Index("ux_jobs_open_external_id", Job.external_id, unique=True,
+      sqlite_where=Job.finished_at.is_(None), postgresql_where=Job.finished_at.is_(None))
 
 
 class JobState(Base):
@@ -163,3 +173,42 @@ class JobState(Base):
     version: Mapped[int] = mapped_column(Integer, default=0)
     blob: Mapped[bytes] = mapped_column(LargeBinary)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class JobSource(Base):
+    """One file of a live job as the ledger sees it: where the next chunk must start, and
+    what was received so far (lines, bytes, a running CRC-32 to check exactly-once delivery).
+    `source` is the name the job's diagnosis uses (rotated files keep it); `file_id` tells the
+    physical files of one source apart (the sidecar's fingerprint)."""
+
+    __tablename__ = "job_sources"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    source: Mapped[str] = mapped_column(String(512), primary_key=True)
+    file_id: Mapped[str] = mapped_column(String(128), primary_key=True, default="")
+    first_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    next_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    lines: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    crc32: Mapped[int] = mapped_column(BigInteger, default=0)
+    chunks: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class Notification(Base):
+    """The webhook outbox: written in the transaction that changes a job, delivered (and
+    retried) by whichever replica claims it first."""
+
+    __tablename__ = "notifications"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    event: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    """`pending`, `delivered` or `failed` (gave up after the last attempt)."""
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    last_error: Mapped[str] = mapped_column(Text, default="")

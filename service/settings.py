@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from service.errors import ConfigError
@@ -86,10 +86,26 @@ class Settings(BaseSettings):
     max_chunk_bytes: int = 64 << 20
 
     webhook_url: str = ""
+    """Where notifications are POSTed (JSON) when a live job fails, stalls or its loss spikes."""
     webhook_secret: SecretStr = SecretStr("")
+    """Key of the HMAC-SHA256 signature header (`X-Faultline-Signature: sha256=<hex>`)."""
+    webhook_timeout_s: float = Field(default=10.0, gt=0.0)
+    webhook_max_attempts: int = Field(default=8, ge=1, le=50)
+    webhook_backoff_s: float = Field(default=2.0, gt=0.0)
+    """First retry delay; it doubles with each attempt (capped at webhook_backoff_max_s)."""
+    webhook_backoff_max_s: float = Field(default=600.0, gt=0.0)
 
-    hang_floor_s: float = 30 * 60
-    hang_step_factor: float = 20.0
+    server_url: str = ""
+    """The service `faultline tail` sends to when no --server is given."""
+
+    hang_floor_s: float = Field(default=30 * 60, gt=0.0)
+    """A live job is never stalled before this many seconds without progress."""
+    hang_step_factor: float = Field(default=20.0, gt=0.0)
+    """k: stalled after k times the job's median time between progress reports."""
+    hang_check_interval_s: float = Field(default=30.0, gt=0.0)
+    """How often each replica sweeps its live jobs for stalls (GET /jobs/{id} checks too)."""
+    live_cached_jobs: int = Field(default=16, ge=0)
+    """Live jobs whose processing state a replica keeps in memory between appends."""
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -97,12 +113,12 @@ class Settings(BaseSettings):
                                    file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, _ConfigFileSource(settings_cls), file_secret_settings
 
-    @field_validator("llm_base_url")
+    @field_validator("llm_base_url", "webhook_url", "server_url")
     @classmethod
-    def _check_url(cls, value: str) -> str:
+    def _check_url(cls, value: str, info: Any) -> str:
         if value and not value.startswith(("http://", "https://")):
-            raise ValueError(f"FAULTLINE_LLM_BASE_URL must be an http(s) URL, got {value!r}")
-        return value.rstrip("/")
+            raise ValueError(f"FAULTLINE_{info.field_name.upper()} must be an http(s) URL, got {value!r}")
+        return value.rstrip("/") if info.field_name == "llm_base_url" else value
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:
@@ -110,6 +126,9 @@ class Settings(BaseSettings):
             self.database_url = default_database_url(self.data_dir)
         if self.llm_base_url and not self.llm_model:
             raise ValueError("FAULTLINE_LLM_MODEL must be set when FAULTLINE_LLM_BASE_URL is")
+        if self.webhook_url and not self.webhook_secret.get_secret_value():
+            # an unsigned webhook lets anyone who can reach the hook drain nodes
+            raise ValueError("FAULTLINE_WEBHOOK_SECRET must be set when FAULTLINE_WEBHOOK_URL is")
         return self
 
     @property
@@ -179,8 +198,19 @@ class _ConfigFileSource(PydanticBaseSettingsSource):
         return {k: v for k, v in data.items() if k in Settings.model_fields}
 
 
+def _message(error: Any) -> str:
+    """A validation error that names the variable (`FAULTLINE_HANG_FLOOR_S: ...`)."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if message.startswith("FAULTLINE_") or not error.get("loc"):
+        return message
+    return f"FAULTLINE_{str(error['loc'][0]).upper()}: {message} (got {error.get('input')!r})"
+
+
 def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
+    except ValidationError as exc:
+        messages = [_message(e) for e in exc.errors()]
+        raise ConfigError("; ".join(messages) or "invalid settings") from None
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[-1] if str(exc) else "invalid settings") from None

@@ -221,10 +221,13 @@ def job_by_idempotency_key(session: Session, key: str) -> Job | None:
 
 
 def find_jobs(session: Session, *, name: str | None = None, family: str | None = None,
-              status: str | None = None, limit: int = 50, offset: int = 0) -> list[Job]:
+              status: str | None = None, external_id: str | None = None, limit: int = 50,
+              offset: int = 0) -> list[Job]:
     query = select(Job)
     if name:
         query = query.where(Job.name == name)
+    if external_id:
+        query = query.where(Job.external_id == external_id)
     if family:
         query = query.where(Job.family == family)
     if status:

@@ -26,3 +26,13 @@ def test_startup_gets_twice_the_floor_and_counts_output_silence() -> None:
     found = silence(now=1300, started_at=0, last_output_at=50, last_progress_at=None, floor_s=600,
                     factor=20, step_seconds=[], longest_gap_s=0)
     assert found is not None and found.since == "output" and found.seconds == 1250
+
+
+def test_report_periods_count_the_steps_between_reports() -> None:
+    from rules.hang import report_periods
+
+    nan = float("nan")
+    # --log-interval 50 at 1.5 s a step: a report every 75 s, whatever the step time says
+    assert report_periods([50, 100, 150], [1.5, 1.5, 1.5]) == [75.0, 75.0]
+    # points without a step or a time are skipped, a restart (step going back) is no period
+    assert report_periods([10, nan, 20, 5, 6], [1.0, 1.0, 2.0, 1.0, nan]) == [20.0]

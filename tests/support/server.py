@@ -1,8 +1,12 @@
-"""A real uvicorn server on a free loopback port, in a thread, for end-to-end tests."""
+"""A real uvicorn server on a free loopback port, in a thread or as a child process, for
+end-to-end tests."""
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -47,3 +51,50 @@ def running_server(settings: Settings, *, startup_timeout_s: float = 60.0) -> It
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+class ServerProcess:
+    """`faultline serve` as a child process on a fixed loopback port, so a test can kill it
+    (SIGKILL: no shutdown, like a crashed replica) and start it again on the same database."""
+
+    def __init__(self, env: dict[str, str], *, port: int | None = None, cwd: str | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = env
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, *, timeout_s: float = 90.0) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            env=self.env, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.starts += 1
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.proc.stderr.read().decode()[-2000:]}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError("the server did not start")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+        self.proc = None
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.kill()

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""A Faultline webhook receiver for Slurm: drain the nodes a failure names, requeue the job.
+
+    FAULTLINE_WEBHOOK_SECRET=... ./faultline_hook.py --port 9090            # prints what it would do
+    FAULTLINE_WEBHOOK_SECRET=... ./faultline_hook.py --port 9090 --apply    # runs scontrol
+
+Point the service at it with FAULTLINE_WEBHOOK_URL=http://<this host>:9090/ and the same
+FAULTLINE_WEBHOOK_SECRET. Only the standard library; run it where `scontrol` works as an
+operator (SlurmUser or root).
+
+What it does with a notification (see the service's service/notify.py for the payload):
+- `cordon_and_restart` (hardware: ECC, NVLink, a lost node): drain each suspect node with
+  the reason, then requeue the job, which Slurm restarts on healthy nodes from its last
+  checkpoint. Acting before the job ends matters: after a GPU fault the other ranks wait in
+  a collective until the NCCL timeout, up to 30 minutes of a whole allocation.
+- `restart` (a hang, a transient network or storage error): requeue the job.
+- `rollback_and_skip` (a loss spike): nothing automatic; the message says which checkpoint
+  to go back to and which steps to skip.
+Each delivery is handled once (`X-Faultline-Delivery`); a bad signature gets 401.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import os
+import re
+import subprocess
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SLURM_KEY = re.compile(r"^slurm-(\d+(?:_\d+)?)$")
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+"""Node names from a log are untrusted text: only plain host names reach scontrol."""
+
+
+def verify(secret: bytes, body: bytes, header: str | None) -> bool:
+    expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+    return header is not None and hmac.compare_digest(expected, header)
+
+
+def commands(payload: dict) -> list[list[str]]:
+    """The scontrol commands a notification calls for (none if it names no Slurm job)."""
+    match = SLURM_KEY.match(str((payload.get("job") or {}).get("external_id") or ""))
+    action = payload.get("action")
+    if match is None or payload.get("event") not in ("failed", "stalled"):
+        return []
+    job_id = match.group(1)
+    reason = f"faultline: {payload.get('reason') or 'unknown'} (job {job_id})"
+    out = []
+    if action == "cordon_and_restart":
+        for node in payload.get("suspect_nodes") or []:
+            if NODE_NAME.match(node):
+                out.append(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+    if action in ("cordon_and_restart", "restart") and not payload.get("final"):
+        out.append(["scontrol", "requeue", job_id])  # still running: stop waiting for the NCCL timeout
+    return out
+
+
+class Hook(BaseHTTPRequestHandler):
+    secret = b""
+    apply = False
+    seen: set[str] = set()
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server API
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if not verify(self.secret, body, self.headers.get("X-Faultline-Signature")):
+            self._reply(401)
+            return
+        delivery = self.headers.get("X-Faultline-Delivery", "")
+        if delivery in self.seen:
+            self._reply(200)  # a repeat (our answer was lost): already handled
+            return
+        payload = json.loads(body)
+        for command in commands(payload):
+            if self.apply:
+                subprocess.run(command, check=False, timeout=30)
+            else:
+                print("would run:", " ".join(command), flush=True)
+        if payload.get("action") == "rollback_and_skip":
+            print(f"job {payload['job']['name']}: {payload.get('mitigation')}", flush=True)
+        self.seen.add(delivery)
+        self._reply(200)
+
+    def _reply(self, status: int) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Faultline webhook receiver for Slurm")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=9090)
+    parser.add_argument("--apply", action="store_true", help="run scontrol (default: print what it would run)")
+    args = parser.parse_args()
+    secret = os.environ.get("FAULTLINE_WEBHOOK_SECRET", "")
+    if not secret:
+        sys.stderr.write("faultline_hook: set FAULTLINE_WEBHOOK_SECRET (the service's webhook secret)\n")
+        return 2
+    Hook.secret, Hook.apply = secret.encode(), args.apply
+    server = ThreadingHTTPServer((args.host, args.port), Hook)
+    print(f"listening on {args.host}:{server.server_address[1]}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
