@@ -28,6 +28,10 @@ _CHAIN_MARKERS = (
     "The above exception was the direct cause of the following exception",
     "During handling of the above exception, another exception occurred",
 )
+_FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
+"""A Python traceback frame; the indented line after it is source code, not an error report:
+`    raise DatasetNotFoundError(f"Dataset '{path}' doesn't exist ...")` names an exception
+class without that exception having happened."""
 
 
 class DiagnosisCompileError(ValueError):
@@ -136,6 +140,8 @@ class _SourceState:
     last_time: float | None = None
     chain_pending: dict[int | None, int] = field(default_factory=dict)
     last_evidence: dict[int | None, int] = field(default_factory=dict)
+    after_frame: set[int | None] = field(default_factory=set)
+    """Streams whose last line was a traceback frame (`  File "x.py", line 3, in f`)."""
 
 
 class Classifier:
@@ -169,7 +175,15 @@ class Classifier:
             state.last_time = stamp
         rank, node = locate(envelope, self.default_nodes.get(line.source))
         stream = rank if rank is not None else envelope.local_rank
-        if any(marker in envelope.message for marker in _CHAIN_MARKERS):
+        message = envelope.message
+        if _FRAME.match(message):
+            state.after_frame.add(stream)
+            return None
+        if stream in state.after_frame:
+            state.after_frame.discard(stream)
+            if message[:1].isspace():
+                return None  # the frame's source line
+        if any(marker in message for marker in _CHAIN_MARKERS):
             if stream in state.last_evidence:
                 state.chain_pending[stream] = state.last_evidence[stream]
             return None
