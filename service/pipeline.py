@@ -364,9 +364,20 @@ class JobRun:
         line_number, text = primary.progress.last_line
         clock = TimestampReader()
         progress_at = clock.read(text)
-        ends_at = max((t for r in self.sources.values() for t in map(clock.read, r.tail) if t is not None),
-                      default=None)
-        if progress_at is None or ends_at is None:
+        if progress_at is None:
+            # The progress line carries no time stamp (HF Trainer's metrics dict, NeMo's
+            # progress line): the lines printed after it do, and the time they span is a
+            # lower bound of the silence.
+            first = primary.stream.lines_in - len(primary.tail) + 1
+            after = [t for number, raw in enumerate(primary.tail, first) if number > line_number
+                     for t in (clock.read(raw),) if t is not None]
+            if len(after) < 2:
+                return None
+            progress_at, ends_at = min(after), max(after)
+        else:
+            ends_at = max((t for r in self.sources.values() for t in map(clock.read, r.tail) if t is not None),
+                          default=None)
+        if ends_at is None:
             return None
         step_time = primary.progress.summary().get("last_step_time_s") or 0.0
         threshold = max(HANG_FLOOR_S, HANG_STEP_FACTOR * float(step_time))
