@@ -160,6 +160,11 @@ class Classifier:
         """Everything but the compiled program, which the owner reattaches."""
         return {k: v for k, v in self.__dict__.items() if k != "program"}
 
+    def latest_time(self) -> float | None:
+        """The latest time stamp read from an error line of any source (seconds)."""
+        times = [state.last_time for state in self._sources.values() if state.last_time is not None]
+        return max(times) if times else None
+
     def _state(self, source: str) -> _SourceState:
         state = self._sources.get(source)
         if state is None:

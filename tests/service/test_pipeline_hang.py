@@ -67,3 +67,41 @@ def test_a_log_that_simply_ends_is_running_not_stalled(rulebook: Rulebook) -> No
     diagnosis = _diagnose(rulebook, [_megatron(s, start + timedelta(seconds=6 * s)) for s in range(1, 120)])
     assert diagnosis.status == "running"
     assert diagnosis.root_cause is None
+
+
+def _time_limit(at: datetime) -> list[str]:
+    stamp = f"{at:%Y-%m-%dT%H:%M:%S}"
+    return ["srun: Job step aborted: Waiting up to 32 seconds for job step to finish.",
+            f"slurmstepd: error: *** JOB 4379959 ON gpu-001 CANCELLED AT {stamp} DUE TO TIME LIMIT ***",
+            f"[{at:%Y-%m-%d %H:%M:%S},120] torch.distributed.elastic.agent.server.api: [WARNING] Received Signals.SIGTERM "
+            "death signal, shutting down workers",
+            "Traceback (most recent call last):",
+            '  File "/usr/local/bin/torchrun", line 8, in <module>',
+            "    sys.exit(main())",
+            "torch.distributed.elastic.multiprocessing.api.SignalException: Process 2003124 got signal: 15"]
+
+
+def test_a_hang_the_time_limit_ended_is_the_root_cause_not_the_cancellation(rulebook: Rulebook) -> None:
+    start = datetime(2025, 3, 14, 9, 0, 0)
+    steps = [_megatron(s, start + timedelta(seconds=6 * s)) for s in range(1, 120)]
+    diagnosis = _diagnose(rulebook, [*steps, *_pulses(start + timedelta(seconds=720), 3),
+                                     *_time_limit(start + timedelta(hours=5))])
+    assert diagnosis.status == "failed"
+    assert diagnosis.root_cause.reason == "hang"
+    assert diagnosis.root_cause.line == steps[-1]
+    assert diagnosis.other_errors[0]["reason"] == "job_cancelled"
+
+
+def test_an_untimed_progress_line_then_hours_of_pulses_then_the_time_limit(rulebook: Rulebook) -> None:
+    metrics = [f"{{'loss': {2.0 - i / 1000:.4f}, 'learning_rate': 2e-05, 'epoch': {i / 100:.2f}}}" for i in range(1, 60)]
+    start = datetime(2025, 3, 14, 9, 0, 0)
+    diagnosis = _diagnose(rulebook, [*metrics, *_pulses(start, 3), *_time_limit(start + timedelta(hours=4))])
+    assert (diagnosis.status, diagnosis.root_cause.reason) == ("failed", "hang")
+    assert diagnosis.root_cause.line == metrics[-1]
+
+
+def test_a_time_limit_reached_while_training_is_a_cancellation(rulebook: Rulebook) -> None:
+    start = datetime(2025, 3, 14, 9, 0, 0)
+    steps = [_megatron(s, start + timedelta(seconds=6 * s)) for s in range(1, 120)]
+    diagnosis = _diagnose(rulebook, [*steps, *_time_limit(start + timedelta(seconds=6 * 120))])
+    assert (diagnosis.status, diagnosis.root_cause.reason) == ("failed", "job_cancelled")
