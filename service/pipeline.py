@@ -214,10 +214,13 @@ class JobRun:
         run.tail.extend(buffer[start + 1:].decode("utf-8", "replace").splitlines())
 
     def _classify(self, line: KeptLine) -> None:
-        """Error lines go to the classifier; other kept lines only matter as chain markers."""
+        """Error lines go to the classifier; other kept lines only matter as chain markers
+        and as the failure box's rank-to-host lines."""
         if not line.error_like:
             if "above exception" in line.text:
                 self.classifier.feed(line)
+            elif "host" in line.text or "local_rank" in line.text:
+                self.classifier.learn_placement(line)
             return
         self.classifier.feed(line)
         if _TRACEBACK in line.text:
@@ -334,6 +337,10 @@ class JobRun:
                                           *diagnosis.other_errors]
                 return diagnosis
         if root is not None:
+            node = self.classifier.node_of(root.evidence)
+            if node is not None and root.evidence.node is None:
+                root = replace(root, evidence=replace(root.evidence, node=node),
+                               nodes=tuple(sorted({*root.nodes, node})))
             view, action, nodes, mitigation = from_rule(root, others)
             diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, action
             diagnosis.suspect_nodes, diagnosis.mitigation = nodes, mitigation
