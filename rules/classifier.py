@@ -28,6 +28,12 @@ _CHAIN_MARKERS = (
     "The above exception was the direct cause of the following exception",
     "During handling of the above exception, another exception occurred",
 )
+_BOX_HOST = re.compile(r"^\s*host\s*: ([A-Za-z0-9][\w.-]*)\s*$")
+_BOX_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank: \d+\)")
+_FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
+"""A Python traceback frame; the indented line after it is source code, not an error report:
+`    raise DatasetNotFoundError(f"Dataset '{path}' doesn't exist ...")` names an exception
+class without that exception having happened."""
 
 
 class DiagnosisCompileError(ValueError):
@@ -136,6 +142,10 @@ class _SourceState:
     last_time: float | None = None
     chain_pending: dict[int | None, int] = field(default_factory=dict)
     last_evidence: dict[int | None, int] = field(default_factory=dict)
+    after_frame: set[int | None] = field(default_factory=set)
+    """Streams whose last line was a traceback frame (`  File "x.py", line 3, in f`)."""
+    box_host: str | None = None
+    """The `host :` of the torchrun failure box entry being read."""
 
 
 class Classifier:
@@ -149,10 +159,37 @@ class Classifier:
         self._default_year = default_year
         self.default_nodes: dict[str, str] = {}
         """Node to assume for lines of a source that do not name one (one file per node)."""
+        self.rank_nodes: dict[int, str] = {}
+        """Global rank -> host, as torchrun's failure boxes give them."""
 
     def __getstate__(self) -> dict:
         """Everything but the compiled program, which the owner reattaches."""
         return {k: v for k, v in self.__dict__.items() if k != "program"}
+
+    def learn_placement(self, line: KeptLine) -> None:
+        """Read a rank's host from torchrun's failure box (`host : gpu-017`, then `rank : 12
+        (local_rank: 4)`): under `--tee` the box is the only place that names a rank's node."""
+        state = self._state(line.source)
+        message = split_envelope(line.text).message
+        m = _BOX_HOST.match(message)
+        if m:
+            state.box_host = m.group(1)
+            return
+        m = _BOX_RANK.match(message)
+        if m and state.box_host is not None and len(self.rank_nodes) < RANKS_PER_RULE:
+            self.rank_nodes.setdefault(int(m.group(1)), state.box_host)
+            state.box_host = None
+
+    def node_of(self, evidence: Evidence) -> str | None:
+        """The node of an error line: its own, or the host a failure box gave its rank."""
+        if evidence.node is not None or evidence.rank is None:
+            return evidence.node
+        return self.rank_nodes.get(evidence.rank)
+
+    def latest_time(self) -> float | None:
+        """The latest time stamp read from an error line of any source (seconds)."""
+        times = [state.last_time for state in self._sources.values() if state.last_time is not None]
+        return max(times) if times else None
 
     def _state(self, source: str) -> _SourceState:
         state = self._sources.get(source)
@@ -169,7 +206,15 @@ class Classifier:
             state.last_time = stamp
         rank, node = locate(envelope, self.default_nodes.get(line.source))
         stream = rank if rank is not None else envelope.local_rank
-        if any(marker in envelope.message for marker in _CHAIN_MARKERS):
+        message = envelope.message
+        if _FRAME.match(message):
+            state.after_frame.add(stream)
+            return None
+        if stream in state.after_frame:
+            state.after_frame.discard(stream)
+            if message[:1].isspace():
+                return None  # the frame's source line
+        if any(marker in message for marker in _CHAIN_MARKERS):
             if stream in state.last_evidence:
                 state.chain_pending[stream] = state.last_evidence[stream]
             return None

@@ -46,6 +46,9 @@ AGENT_SLICE_BYTES = 64 << 10
 AGENT_MAX_SLICE_BYTES = 64 << 20
 AGENT_BUSY_LINES = 16
 """Unexplained kept lines in a slice that mean the agent still has work: keep slices small."""
+TAIL_LINES = 256
+"""Raw lines remembered per source: enough to hold, behind a final traceback, the periodic
+stamped lines (PULSE, keep-alives) that show a hang."""
 SNAPSHOT_FORMAT = 1
 _TRANSIENT = frozenset({"rulebook", "filter_program", "log_agent", "failure_agent", "_batch", "_flagged"})
 _EXCEPTION_LINE = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ")
@@ -87,8 +90,9 @@ class SourceRun:
     stream: object
     progress: ProgressTracker
     redactor: Redactor = field(default_factory=Redactor)
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=8))
-    """The last raw lines seen (kept or not), for the time the log ends at."""
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    """The last raw lines seen (kept or not), for the time the log ends at and the time that
+    passed after the last progress line."""
 
 
 class CompressedLog:
@@ -205,7 +209,7 @@ class JobRun:
 
     def _remember_tail(self, run: SourceRun, buffer: bytes) -> None:
         start = len(buffer) - 1
-        for _ in range(run.tail.maxlen or 8):
+        for _ in range(run.tail.maxlen or TAIL_LINES):
             start = buffer.rfind(b"\n", 0, start)
             if start < 0:
                 break
@@ -213,10 +217,13 @@ class JobRun:
         run.tail.extend(Redactor().redact(line) for line in buffer[start + 1:].decode("utf-8", "replace").splitlines())
 
     def _classify(self, line: KeptLine) -> None:
-        """Error lines go to the classifier; other kept lines only matter as chain markers."""
+        """Error lines go to the classifier; other kept lines only matter as chain markers
+        and as the failure box's rank-to-host lines."""
         if not line.error_like:
             if "above exception" in line.text:
                 self.classifier.feed(line)
+            elif "host" in line.text or "local_rank" in line.text:
+                self.classifier.learn_placement(line)
             return
         self.classifier.feed(line)
         if _TRACEBACK in line.text:
@@ -320,7 +327,23 @@ class JobRun:
             diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, "rollback_and_skip"
             diagnosis.mitigation, diagnosis.rollback = mitigation, rollback
             return diagnosis
+        if root is not None and root.rule.reason == "job_cancelled" and spike is None:
+            hang = self._hang(primary)
+            if hang is not None:
+                # progress had stopped long before the scheduler (or a person) ended the job:
+                # the cancellation is how the hang ended, not why the job was lost
+                diagnosis.status, diagnosis.action = JobStatus.FAILED.value, "restart"
+                diagnosis.root_cause, diagnosis.mitigation = hang
+                ev = root.evidence
+                diagnosis.other_errors = [{"reason": root.rule.reason, "line": ev.line, "line_number": ev.line_number,
+                                           "count": root.count, "rule": root.rule.id, "file": ev.source},
+                                          *diagnosis.other_errors]
+                return diagnosis
         if root is not None:
+            node = self.classifier.node_of(root.evidence)
+            if node is not None and root.evidence.node is None:
+                root = replace(root, evidence=replace(root.evidence, node=node),
+                               nodes=tuple(sorted({*root.nodes, node})))
             view, action, nodes, mitigation = from_rule(root, others)
             diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, action
             diagnosis.suspect_nodes, diagnosis.mitigation = nodes, mitigation
@@ -367,9 +390,25 @@ class JobRun:
         line_number, text = primary.progress.last_line
         clock = TimestampReader()
         progress_at = clock.read(text)
-        ends_at = max((t for r in self.sources.values() for t in map(clock.read, r.tail) if t is not None),
-                      default=None)
-        if progress_at is None or ends_at is None:
+        if progress_at is None:
+            # The progress line carries no time stamp (HF Trainer's metrics dict, NeMo's
+            # progress line): the lines printed after it do, and the time they span is a
+            # lower bound of the silence.
+            first = primary.stream.lines_in - len(primary.tail) + 1
+            after = [t for number, raw in enumerate(primary.tail, first) if number > line_number
+                     for t in (clock.read(raw),) if t is not None]
+            if len(after) < 2:
+                return None
+            progress_at, ends_at = min(after), max(after)
+        else:
+            # the end of the log: its last lines, or the last error line with a time stamp (a
+            # traceback's frames at the very end carry none)
+            ends_at = max((t for r in self.sources.values() for t in map(clock.read, r.tail) if t is not None),
+                          default=None)
+            errors_end = self.classifier.latest_time()
+            if errors_end is not None and (ends_at is None or errors_end > ends_at):
+                ends_at = errors_end
+        if ends_at is None:
             return None
         step_time = primary.progress.summary().get("last_step_time_s") or 0.0
         threshold = max(HANG_FLOOR_S, HANG_STEP_FACTOR * float(step_time))

@@ -25,8 +25,11 @@ _RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), MASK),
     (re.compile(r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9._~+/=-]{12,}"), r"\1\2" + MASK),
     # key = value where the key names a secret (PGPASSWORD=, "api_key": "...", --hf-token x)
+    # A tokenizer's special tokens (pad_token = tokenizer.eos_token) name no secret: they are in
+    # HF's own error texts that a diagnosis must quote whole.
     (re.compile(
-        r"(?i)((?:password|passwd|secret|token|api[_-]?key|access[_-]?key|credential)s?[\"']?"
+        r"(?i)(?<!pad_)(?<!bos_)(?<!eos_)(?<!unk_)(?<!sep_)(?<!cls_)(?<!mask_)"
+        r"((?:password|passwd|secret|token|api[_-]?key|access[_-]?key|credential)s?[\"']?"
         r"\s*(?:[=:]|\s)\s*(?:\.{2,}\s*)?)(\"[^\"\s]{4,}\"|'[^'\s]{4,}'|(?![\d.]+\b)[^\s,;}\"']{4,})"),
      r"\1" + MASK),
 ]

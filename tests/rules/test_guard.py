@@ -9,6 +9,9 @@ from rules.guard import ErrorGuard
 ERROR_LINES = [
     "[default3]:terminate called after throwing an instance of 'c10::CUDAError'",
     "[rank0]:[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout",
+    # torch >= 2.2 does not zero-pad the month (pytorch/pytorch#113128): an E-level record of
+    # March with no error word of its own
+    "[rank0]:[E314 04:01:29.500973224 ProcessGroupNCCL.cpp:2573] [PG ID 1 PG GUID 1 Rank 0] First PG on this rank to signal dumping.",
     "[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=469508)",
     "E1128 21:12:50.390000 3139541 site-packages/torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: -6)",
     "Traceback (most recent call last):",

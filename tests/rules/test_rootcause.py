@@ -124,3 +124,31 @@ def test_untrusted_rules_are_read_with_a_time_bound() -> None:
     assert item is None  # RE2 (linear) says no match; the regex reader is never reached
     item = classifier.feed(KeptLine(2, "aaaa", True, "x"))
     assert item is not None and item.rule_id == "evil"
+
+
+def test_a_traceback_source_line_is_not_an_error_report() -> None:
+    # `    raise DatasetNotFoundError(f"...")` under a frame is code that names an exception,
+    # not the exception; the exception line at the end of the traceback is.
+    lines = [
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "/workspace/train.py", line 88, in load',
+        '[rank0]:     logger.error("ValueError: %s", err)',
+        '[rank1]:   File "/workspace/train.py", line 12, in <module>',
+        "[rank0]: KeyError: 'lr'",
+        "[rank1]:     main()",
+    ]
+    root, others = classify(("x", lines))
+    assert root.rule.id == "keyerror"
+    assert others == []
+
+
+def test_an_indented_exception_line_after_the_traceback_still_counts() -> None:
+    lines = [
+        '  File "/workspace/train.py", line 88, in load',
+        "    model.load_state_dict(sd)",
+        "KeyError: 'lr'",
+        "    ValueError: raised later, printed indented by a wrapper",
+    ]
+    root, others = classify(("x", lines))
+    assert root.rule.id == "keyerror"
+    assert [o.reason for o in others] == ["value_error"]

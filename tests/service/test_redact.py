@@ -17,6 +17,7 @@ SECRETS = [
     ("git clone https://oauth2:glpat-xxxxxxxxxxxxxxxxxxxx@gitlab.example.com/team/repo.git", "glpat-xxxxxxxxxxxxxxxxxxxx"),
     ("  password ........................................ hunter2hunter2", "hunter2hunter2"),
     ("wandb: W&B API key is configured. token ghp_abcdefghijklmnopqrstuvwxyz0123456789", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
+    ("--hub_token s3cr3tvalue42 --pad_token_id 0", "s3cr3tvalue42"),
 ]
 
 
@@ -38,6 +39,9 @@ def test_private_key_blocks_are_redacted_across_lines() -> None:
     "[default7]: iteration 50/ 242204 | consumed tokens:  20155564032 | lm loss: 6.258318E+00 |",
     "2023-07-10 14:26:28,977\tINFO train.py:317 -- tflops=188.0,step=36,loss=5.45,tgs (tokens/gpu/second)=4233.73",
     "[rank3]: KeyError: 'token'",
+    "[rank2]: ValueError: Asking to pad but the tokenizer does not have a padding token. Please select a token to use as "
+    "`pad_token` `(tokenizer.pad_token = tokenizer.eos_token e.g.)` or add a new pad token via "
+    "`tokenizer.add_special_tokens({'pad_token': '[PAD]'})`.",
     "NCCL INFO Bootstrap : Using ibp12s0:10.149.0.32<0>",
 ])
 def test_ordinary_lines_are_left_alone(line: str) -> None:
