@@ -11,6 +11,10 @@ from sqlalchemy.orm import Session
 from service.context import Context
 from service.live import LiveJobs
 
+MAX_OFFSET = 2**62
+"""Upper bound of offset-like query parameters: past any real file or row count, and inside
+a 64-bit database integer (a larger one made SQLite raise instead of answering 422)."""
+
 
 def get_context(request: Request) -> Context:
     return request.app.state.ctx

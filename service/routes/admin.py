@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from rules.model import RuleKind, RuleStatus
 from service import review, store
 from service.auth import require_admin
-from service.deps import ContextDep
+from service.deps import MAX_OFFSET, ContextDep
 from service.errors import PayloadTooLarge, UnsupportedMediaType
 
 router = APIRouter(prefix="/admin", tags=["admin"])
@@ -85,7 +85,7 @@ def list_rules(ctx: ContextDep, _admin: Admin,
                scope: Annotated[str | None, Query(max_length=256)] = None,
                source: Annotated[str | None, Query(max_length=64, description="prefix, e.g. log_agent")] = None,
                limit: Annotated[int, Query(ge=1, le=500)] = 50,
-               offset: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+               offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> dict[str, Any]:
     """Rules with their proposer, votes, evidence, validation and hits; newest first."""
     def run(session):
         rows, total = store.list_rules(session, kind=kind, status=status, scope=scope, source=source,
@@ -196,7 +196,7 @@ def audit_log(ctx: ContextDep, _admin: Admin,
               action: Annotated[str | None, Query(max_length=64, description="prefix, e.g. rule.")] = None,
               target: Annotated[str | None, Query(max_length=256)] = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 100,
-              offset: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+              offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> dict[str, Any]:
     """Who did what and when, newest first."""
     def run(session):
         entries, total = store.audit_entries(session, actor=actor, action=action, target=target,

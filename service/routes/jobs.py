@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from service import store
-from service.deps import ContextDep, LiveDep
+from service.deps import MAX_OFFSET, ContextDep, LiveDep
 from service.errors import BadInput, NotFound, PayloadTooLarge, UnsupportedMediaType
 from service.ingest import GzipDecoder
 from service.ledger import ChunkRef, checksum
@@ -96,8 +96,8 @@ def _read_age(request: Request) -> float:
 async def append_logs(
     job_id: str, request: Request, ctx: ContextDep, live: LiveDep,
     source: Annotated[str, Query(min_length=1, max_length=512, description="the file's name in diagnoses")],
-    offset: Annotated[int, Query(ge=0, description="byte offset in the file where the chunk starts")],
-    end: Annotated[int | None, Query(ge=0, description="byte offset where it ends (default offset + body)")] = None,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="byte offset in the file where the chunk starts")],
+    end: Annotated[int | None, Query(ge=0, le=MAX_OFFSET, description="byte offset where it ends (default offset + body)")] = None,
     file: Annotated[str, Query(max_length=128, description="which physical file (fingerprint)")] = "",
 ) -> dict[str, Any]:
     """Append a chunk of one file's lines to a live job; idempotent by source, file and offset."""
@@ -142,7 +142,7 @@ def list_jobs(ctx: ContextDep,
               status: Annotated[str | None, Query(max_length=16)] = None,
               external_id: Annotated[str | None, Query(max_length=256)] = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
-              offset: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+              offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> dict[str, Any]:
     """Jobs, newest first; `name` finds the jobs of that name, `external_id` those of a scheduler id."""
     with ctx.db.session() as session:
         jobs = store.find_jobs(session, name=name, status=status, external_id=external_id, limit=limit,

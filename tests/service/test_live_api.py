@@ -143,6 +143,9 @@ def test_gzip_chunks_are_decoded_and_bad_chunks_get_clear_errors(server: str) ->
         (job.send("rank7.log", b"x\n", **{"Content-Encoding": "br"}), 415, "Content-Encoding"),
         (httpx.post(f"{server}/jobs/nosuchjob/logs", params={"source": "a", "offset": 0}, content=b"x\n"), 404, "no job"),
         (httpx.post(f"{server}/jobs/{job.id}/logs", params={"source": "a", "offset": -1}, content=b"x\n"), 422, "offset"),
+        # past a 64-bit database integer: a clear 422, not a server error
+        (httpx.post(f"{server}/jobs/{job.id}/logs", params={"source": "a", "offset": 2**63}, content=b"x\n"), 422, "offset"),
+        (httpx.get(f"{server}/jobs", params={"offset": 2**63}), 422, "offset"),
         (httpx.post(f"{server}/jobs/{job.id}/logs", params={"offset": 0}, content=b"x\n"), 422, "source"),
     ]
     for response, status, words in cases:
