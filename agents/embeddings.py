@@ -114,6 +114,8 @@ _HEX = re.compile(r"\b0x[0-9a-fA-F]+\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-
 _MANGLED = re.compile(r"\b_Z[\w]{6,}")
 _IP = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b")
 _GLOG = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+(?:\d+\s+)?[\w./-]+:\d+\]\s*")
+_PROGRAM = re.compile(r"^(?:(?:[a-z][a-z0-9_-]*|pdsh@[\w.-]+)(?:\[\d+\])?: )+(?:error: )?")
+"""`slurmstepd: error: `, `cp: `, `python: `, `pdsh@host: node: `: who printed the line, not what failed."""
 _STAMP = re.compile(r"^\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\]?\s*")
 _NUMBER = re.compile(r"\b\d[\d.:,_-]*\b")
 _QUALIFIED = re.compile(r"\b(?:[a-z_][\w]*\.)+(?=[A-Z]\w*(?:Error|Exception|Failed|Violation)\b)")
@@ -131,6 +133,7 @@ def embedding_text(line: str) -> str:
     text = split_envelope(line).message.strip()
     text = _GLOG.sub("", text)
     text = _STAMP.sub("", text)
+    text = _PROGRAM.sub("", text)
     text = _QUALIFIED.sub("", text)
     text = _PATH.sub(" path ", text)
     text = _IP.sub(" address ", text)

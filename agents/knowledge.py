@@ -15,10 +15,9 @@ incidents that have no vector for this model yet.
 from __future__ import annotations
 
 import hashlib
-import re
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -30,7 +29,7 @@ from agents.templates import mask
 from rules.envelope import split_envelope
 from rules.model import TIER_RANK, DiagnosisRule, Tier
 from rules.packs import PACKS_DIR
-from rules.taxonomy import REASONS, Origin, reason
+from rules.taxonomy import REASONS, reason
 
 REASONS_FILE = PACKS_DIR / "reasons.yaml"
 NEIGHBOURS = 8
@@ -171,7 +170,11 @@ class StoredIncident:
 class IncidentSource(Protocol):
     """Where incidents live (the database)."""
 
-    def all(self) -> list[StoredIncident]: ...
+    def ids(self) -> list[str]:
+        """Every stored incident's id, oldest first."""
+
+    def get(self, ids: Sequence[str]) -> list[StoredIncident]:
+        """These incidents, with their stored vectors, in the order given."""
 
     def save_embeddings(self, vectors: dict[str, bytes], model: str) -> None: ...
 
@@ -186,8 +189,11 @@ class MemoryIncidents:
         self.rows: dict[str, StoredIncident] = {i.id: StoredIncident(i) for i in items}
         self.embedded = 0
 
-    def all(self) -> list[StoredIncident]:
-        return list(self.rows.values())
+    def ids(self) -> list[str]:
+        return list(self.rows)
+
+    def get(self, ids: Sequence[str]) -> list[StoredIncident]:
+        return [self.rows[i] for i in ids if i in self.rows]
 
     def save_embeddings(self, vectors: dict[str, bytes], model: str) -> None:
         for key, data in vectors.items():
@@ -225,20 +231,23 @@ class KnowledgeBase:
         from agents.vector_store import FaissIndex
 
         with self._lock:
-            rows = self.source.all()
+            stored = self.source.ids()
             if self._index is None and self.index_dir is not None:
                 self._index = FaissIndex.load(self.index_dir, model=self.embedder.model_name, dim=self.embedder.dim)
-                if self._index is not None and not set(self._index.ids) <= {r.incident.id for r in rows}:
+                if self._index is not None and not set(self._index.ids) <= set(stored):
                     self._index = None  # the database was replaced: rebuild from it
             if self._index is None:
                 self._index = FaissIndex(self.embedder.dim, model=self.embedder.model_name)
+            missing = [i for i in stored if i not in self.incidents]
+            if missing:  # incidents the index already holds (a saved index) still need their labels
+                self.incidents.update((r.incident.id, r.incident) for r in self.source.get(missing))
             known = set(self._index.ids)
-            self.incidents = {r.incident.id: r.incident for r in rows}
-            new = [r for r in rows if r.incident.id not in known]
+            new = [self.incidents[i] for i in stored if i not in known and i in self.incidents]
             if not new:
                 return 0
-            vectors = self._vectors(new)
-            self._index.add([r.incident.id for r in new], vectors)
+            rows = {r.incident.id: r for r in self.source.get([i.id for i in new])}
+            vectors = self._vectors([rows[i.id] for i in new])
+            self._index.add([i.id for i in new], vectors)
             if self.index_dir is not None:
                 self._index.save(self.index_dir)
             return len(new)
@@ -272,14 +281,3 @@ class KnowledgeBase:
                  if i in self.incidents] for row_ids, row_scores in zip(ids, scores, strict=True)]
 
 
-_WORDS = re.compile(r"[A-Za-z]{3,}")
-
-
-def with_label(item: Incident, reason_id: str, origin: str) -> Incident:
-    """A copy relabelled (an admin's correction), with the matching category and id."""
-    entry = reason(reason_id)
-    return replace(item, id=incident_id("admin", reason_id, item.text), reason=reason_id, origin=origin,
-                   category=entry.category.value if entry.category else None)
-
-
-ORIGINS = frozenset(o.value for o in Origin)

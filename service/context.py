@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rules.verdict import Diagnosis
-from service import store
+from service import incidents, store
 from service.db import Database
 from service.metrics import Metrics
 from service.pipeline import FailureAgentHook, JobMeta, JobRun, LogAgentHook
@@ -37,7 +37,9 @@ class Context:
             ctx.close()
 
     @classmethod
-    def build(cls, settings: Settings, *, metrics: Metrics | None = None) -> Context:
+    def build(cls, settings: Settings, *, metrics: Metrics | None = None, embedder: object | None = None) -> Context:
+        """Everything a command or the app needs. `embedder` lets tests share one loaded
+        model; otherwise the Failure Agent loads its own, on first use."""
         db = Database(settings.database_url)
         db.create_schema()
         rulebook = Rulebook(source=store.RuleStore(db))
@@ -50,6 +52,12 @@ class Context:
             agent, closers = build_log_agent(settings, db, rulebook, on_report=metrics.log_agent_report)
             ctx.log_agent_factory = agent.for_job
             ctx.closers.extend(closers)
+        if settings.failure_agent:
+            from service.failure_agent import LazyFailureAgent
+
+            lazy = LazyFailureAgent(settings, db, rulebook, embedder=embedder)
+            ctx.failure_agent = lazy
+            ctx.closers.append(lazy.close)
         return ctx
 
     def log_agent(self, meta: JobMeta) -> LogAgentHook | None:
@@ -62,9 +70,12 @@ class Context:
         return JobRun(self.rulebook, meta, log_agent=self.log_agent(meta),
                       failure_agent=self.failure_agent if self.settings.failure_agent else None)
 
-    def after_run(self, run: JobRun, diagnosis: Diagnosis, *, entry: str = "cli") -> None:
-        """Count rule hits and metrics; agents persist what they learned themselves."""
-        self.metrics.observe_diagnosis(diagnosis.to_dict(), entry=entry)
+    def after_run(self, run: JobRun, diagnosis: Diagnosis, *, entry: str = "cli", job_id: str | None = None) -> None:
+        """Count rule hits and metrics; a failure a rule resolved with confidence joins the
+        Failure Agent's knowledge base (as text: no model is loaded for it). Agents persist
+        what they learned themselves."""
+        result = diagnosis.to_dict()
+        self.metrics.observe_diagnosis(result, entry=entry)
         hits: dict[str, int] = {}
         for source in run.sources.values():
             for rule_id, stats in source.stream.rule_stats().items():
@@ -73,6 +84,9 @@ class Context:
             hits[found.rule.id] = hits.get(found.rule.id, 0) + found.count
         with self.db.session() as session:
             store.add_hits(session, hits)
+            if self.settings.failure_agent:
+                rules = {r.id: r for r in self.rulebook.diagnosis_rules}
+                incidents.confirm_rule_diagnosis(session, result, rules, job_id=job_id)
 
     def close(self) -> None:
         for closer in reversed(self.closers):

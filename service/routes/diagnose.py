@@ -68,7 +68,7 @@ async def diagnose(
     diagnosis = await run_in_threadpool(run.finish)
     result = diagnosis.to_dict()
     job_id = await run_in_threadpool(_store, ctx, run, meta, result)
-    await run_in_threadpool(lambda: ctx.after_run(run, diagnosis, entry="diagnose"))
+    await run_in_threadpool(lambda: ctx.after_run(run, diagnosis, entry="diagnose", job_id=job_id))
     return {"job_id": job_id, **result}
 
 
