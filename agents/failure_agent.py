@@ -79,8 +79,9 @@ _STRUCTURE = re.compile(
     # anywhere: an envelope this module does not know may stand in front
     r"|Traceback \(most recent call last\)|\bFile \"[^\"]*\", line \d+, in |During handling of the above exception"
     r"|The above exception was the direct cause"
-    # Hydra's banner before the exception it reports
-    r"|^Error executing job with overrides: ")
+    # Hydra's banner before the exception it reports; NCCL's INFO trace of return codes
+    # (`NCCL INFO transport/net.cc:1140 -> 6`), which LogSage also counts as benign
+    r"|^Error executing job with overrides: |\bNCCL INFO\b")
 _TO_THE_AGENT = re.compile(
     r"(?i)\b(?:ignore|disregard|forget)\b.{0,40}\b(?:instructions?|prompt|rules?|above|previous)\b"
     r"|\b(?:label|classify|mark|diagnose|report)\s+(?:this|it|the (?:job|failure|error))\s+(?:as|a|an)\b"

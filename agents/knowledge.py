@@ -106,6 +106,20 @@ def load_reason_descriptions(path: Path = REASONS_FILE) -> dict[str, str]:
     return out
 
 
+def description_signs(description: str) -> list[str]:
+    """A description cut into short texts: each sentence, and each item of a list after a
+    colon. A short text embeds its one idea; a paragraph's vector is the blur of several."""
+    out: list[str] = []
+    for sentence in (s.strip() for s in description.replace(". ", ".\n").splitlines()):
+        if not sentence:
+            continue
+        head, colon, tail = sentence.partition(": ")
+        out.append(head.rstrip("."))
+        if colon:
+            out += [item.strip().rstrip(".") for item in tail.replace("; ", ", ").split(", ") if item.strip()]
+    return [s for s in out if len(s) > 3]
+
+
 def seed_incidents(rules: Sequence[DiagnosisRule], descriptions: dict[str, str] | None = None) -> list[Incident]:
     """The starting knowledge: one description per reason, and each built-in rule's
     description and example lines (context rules excluded: they never name a cause)."""
@@ -121,8 +135,9 @@ def seed_incidents(rules: Sequence[DiagnosisRule], descriptions: dict[str, str] 
     for reason_id, entry in REASONS.items():
         tier = reason_tier(reason_id, rules)
         words = reason_id.replace("_", " ")
-        text = f"{words}: {entry.summary}. {descriptions.get(reason_id, '')}".strip()
-        add("taxonomy", text, reason_id, entry.origin.value, tier, entry.mitigation, "taxonomy")
+        add("taxonomy", f"{words}: {entry.summary}", reason_id, entry.origin.value, tier, entry.mitigation, "taxonomy")
+        for sign in description_signs(descriptions.get(reason_id, "")):
+            add("taxonomy", f"{words}: {sign}", reason_id, entry.origin.value, tier, entry.mitigation, "taxonomy")
     for rule in rules:
         if rule.tier is Tier.CONTEXT or rule.source != "builtin":
             continue

@@ -28,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
-from agents.embeddings import DIM, MODEL_NAME, model_path, normalise, offline_hub
+from agents.embeddings import DIM, MODEL_NAME, CachedEmbedder, model_path, normalise, offline_hub
 
 INDEX_FILE = "vectors.faiss"
 MANIFEST_FILE = "manifest.json"
@@ -69,8 +69,9 @@ class MiniLMEmbedder:
         return normalise(np.asarray(rows, dtype=np.float32))
 
 
-def load_minilm() -> MiniLMEmbedder:
-    return MiniLMEmbedder()
+def load_minilm() -> CachedEmbedder:
+    """The model the Failure Agent uses, with a cache of recent texts' vectors."""
+    return CachedEmbedder(MiniLMEmbedder())
 
 
 class FaissIndex:

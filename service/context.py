@@ -65,10 +65,12 @@ class Context:
             return None
         return self.log_agent_factory(meta)
 
-    def new_run(self, meta: JobMeta) -> JobRun:
+    def new_run(self, meta: JobMeta, *, diagnose: bool = True) -> JobRun:
+        """A job run with the agents in force; `diagnose=False` (compress) leaves the Failure
+        Agent out: only the kept lines are wanted, and its model costs seconds to load."""
         self.rulebook.refresh()
-        return JobRun(self.rulebook, meta, log_agent=self.log_agent(meta),
-                      failure_agent=self.failure_agent if self.settings.failure_agent else None)
+        agent = self.failure_agent if self.settings.failure_agent and diagnose else None
+        return JobRun(self.rulebook, meta, log_agent=self.log_agent(meta), failure_agent=agent)
 
     def after_run(self, run: JobRun, diagnosis: Diagnosis, *, entry: str = "cli", job_id: str | None = None) -> None:
         """Count rule hits and metrics; a failure a rule resolved with confidence joins the
