@@ -88,6 +88,9 @@ _TO_THE_AGENT = re.compile(
     r"|\byou are (?:an?|the) (?:ai|assistant|model|llm|agent)\b|\bsystem prompt\b|\bas an ai\b"
     r"|\b(?:assistant|llm|ai agent)s?\s*[:,]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_NODE_IN_TEXT = re.compile(r"\b(?:node name|node|host|address|peer)[:=]?\s+(?P<node>[A-Za-z0-9][\w.-]*\d[\w.-]*?)(?=[<:\s,;)]|$)")
+"""A node the message itself names (`node name: 10.4.0.17`, `connect to host gpu-a07`,
+`remote peer hgx-17<35124>`) when no envelope says where the line came from."""
 
 
 def addresses_the_agent(text: str) -> bool:
@@ -437,8 +440,10 @@ class FailureAgent:
         ranks = sorted({r for c in related for r in c.ranks} | set(decision.chunk.ranks))
         envelope = split_envelope(decision.line.text)
         rank, node = locate(envelope, run.classifier.default_nodes.get(decision.line.source))
-        if node and node not in nodes:
-            nodes.insert(0, node)
+        named = [m.group("node") for m in _NODE_IN_TEXT.finditer(envelope.message)]
+        for found in [node, *named]:
+            if found and found not in nodes:
+                nodes.insert(0, found)
         infra = decision.origin == Origin.INFRASTRUCTURE.value
         primary = run.primary_progress()
         checkpoints = primary.progress.checkpoints if primary else []

@@ -3,7 +3,8 @@ that it changes no earlier confirmed diagnosis. Pure: the service stores what pa
 
 Synthesis generalises the variables of the line the way the Log Agent's templates do
 (`agents.templates.mask`: time stamps, hosts, addresses, paths, hex ids, numbers become typed
-classes) and keeps the fixed words literal. The launcher envelope and a leading log header
+classes; a quoted single token such as a variable, key or module name becomes any such
+token) and keeps the fixed words literal. The launcher envelope and a leading log header
 (glog, time stamp, NCCL's host:pid:tid prefix) are left out, because a diagnosis pattern is
 searched anywhere in the message. The first path becomes the named group `path`, so the
 rule's mitigation can name the missing file of the next job ({g_path}).
@@ -95,7 +96,23 @@ def pattern_from_line(line: str) -> str:
     return "".join(out)
 
 
+_QUOTED = re.compile(r"(['\"`])([^'\"`\s]{1,80})\1")
+_QUOTED_OUT = {"'": r"'[^'\s]+'", '"': r'"[^"\s]+"', "`": r"`[^`\s]+`"}
+
+
 def _literal(text: str) -> str:
+    """Fixed words escaped, whitespace runs as ` +`; a quoted single token (a variable, key,
+    flag or module name) is a value that changes from job to job."""
+    out, pos = [], 0
+    for m in _QUOTED.finditer(text):
+        out.append(_words(text[pos:m.start()]))
+        out.append(_QUOTED_OUT[m.group(1)])
+        pos = m.end()
+    out.append(_words(text[pos:]))
+    return "".join(out)
+
+
+def _words(text: str) -> str:
     return " +".join(re.escape(part) for part in _SPACE.split(text))
 
 

@@ -29,8 +29,8 @@ class Context:
 
     @classmethod
     @contextmanager
-    def open(cls, settings: Settings) -> Iterator[Context]:
-        ctx = cls.build(settings)
+    def open(cls, settings: Settings, **options: object) -> Iterator[Context]:
+        ctx = cls.build(settings, **options)
         try:
             yield ctx
         finally:

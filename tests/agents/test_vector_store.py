@@ -46,7 +46,7 @@ def test_the_lazy_embedder_loads_once_on_first_use(minilm) -> None:
     ("0: E1120 10:59:55.894873   35984 pjrt_stream_executor_client.cc:3067] Execution of replica 0 failed: "
      "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access",
      "Execution of replica failed: CUDA ERROR ILLEGAL ADDRESS: an illegal memory access"),
-    ("slurmstepd: error: execve(): /home/x/run.sh: Permission denied", "execve(): path : Permission denied"),
+    ("slurmstepd: error: execve(): /home/x/run.sh: Permission denied", "execve(): path Permission denied"),
 ])
 def test_what_is_embedded_is_the_wording_not_the_values(line, expected) -> None:
     assert embedding_text(line) == expected
