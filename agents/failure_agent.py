@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -356,7 +357,8 @@ class FailureAgent:
     max_tokens: int = 1024
     writeback: WriteBackSink | None = None
     max_chunks: int = MAX_CHUNKS
-    reports: list[dict[str, Any]] = field(default_factory=list)
+    reports: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=100))
+    """What the agent did for the most recent jobs (also in each diagnosis's `agent` field)."""
 
     def diagnose(self, run: JobRun, diagnosis: Diagnosis) -> Diagnosis | None:
         lines = run.compressed.lines()

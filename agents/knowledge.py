@@ -291,7 +291,8 @@ class KnowledgeBase:
 
     def neighbours(self, vectors: np.ndarray, k: int = NEIGHBOURS) -> list[list[Neighbour]]:
         index = self.index
-        scores, ids = index.search(vectors, k)
+        with self._lock:  # FAISS may not be searched while refresh() adds to it
+            scores, ids = index.search(vectors, k)
         return [[Neighbour(self.incidents[i], float(s)) for i, s in zip(row_ids, row_scores, strict=False)
                  if i in self.incidents] for row_ids, row_scores in zip(ids, scores, strict=True)]
 

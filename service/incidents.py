@@ -25,6 +25,7 @@ from service.db import Database
 from service.errors import NotFound, Unprocessable
 from service.models import Incident as IncidentRow
 from service.models import Job, RuleRow
+from service.redact import redact_text
 
 CONFIDENT = 0.6
 MAX_TEXT_CHARS = 4000
@@ -117,7 +118,7 @@ def confirmed_jobs(session: Session, *, limit: int = 200) -> list[tuple[Job, str
 def incident_from_root(root: dict[str, Any], mitigation: str, *, confirmed_by: str, tier: str,
                        job_id: str | None = None, kind: str = "confirmed") -> Incident | None:
     reason_id = root.get("reason")
-    line = (root.get("line") or "").strip()
+    line = redact_text((root.get("line") or "").strip())  # kept lines are redacted already; a person's are not
     if not line or reason_id not in REASONS:
         return None
     entry = reason(reason_id)

@@ -168,3 +168,28 @@ def test_a_write_back_that_would_change_a_confirmed_diagnosis_is_refused(ctx, sc
         assert entries and entries[0].details["reason"] == result["reason"]
         assert store.get_rule(session, result["id"]) is None
     scripted_llm.assert_complete()
+
+
+def test_secrets_are_redacted_before_the_prompt_and_the_store(ctx, scripted_llm, tmp_path) -> None:
+    from sqlalchemy import select
+
+    from service.models import Incident, RuleRow
+
+    lines = EFA.read_text().splitlines()
+    cut = next(i for i, line in enumerate(lines) if "NET/OFI" in line)
+    secret = ("[default1]:ERROR: checkpoint upload to https://ckpt-bot:Zq8vT1kP0w9xLr@minio.internal:9000/gpt failed; "
+              "token hf_aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gH3jK5 rejected")
+    log = tmp_path / "secret.log"
+    log.write_text("\n".join([*lines[:cut], secret, *lines[cut:]]) + "\n")
+    number, line = efa_root()
+    scripted_llm.add(answer(number + 1, line, file=str(log)))
+    d = diagnose(ctx, log)
+    assert d["root_cause"]["source"] == "failure_agent"
+    sent = json.dumps(scripted_llm.requests)
+    assert "Zq8vT1kP0w9xLr" not in sent and "hf_aB3dE5gH7" not in sent
+    assert "ckpt-bot:[REDACTED]@minio.internal" in sent  # the line was shown, without its secrets
+    with ctx.db.session() as session:
+        stored = json.dumps([r.text for r in session.scalars(select(Incident))] +
+                            [r.provenance for r in session.scalars(select(RuleRow))])
+    assert "Zq8vT1kP0w9xLr" not in stored and "hf_aB3dE5gH7" not in stored
+    scripted_llm.assert_complete()
