@@ -62,8 +62,6 @@ MIN_SHARE = 0.30
 SURE_SIMILARITY = 0.50
 """Below this, a label from the knowledge base counts as generic evidence: a line the base
 only loosely recognises explains no more than an error of unknown kind."""
-STRONG_SIMILARITY = 0.62
-"""A line that is not error-like is a candidate only when it is this close to an incident."""
 RELATED_SIMILARITY = 0.88
 """Lines this similar to the root-cause line repeat it (other ranks, other wordings)."""
 PROMPT_CANDIDATES = 12
@@ -89,6 +87,8 @@ _TO_THE_AGENT = re.compile(
     r"|\byou are (?:an?|the) (?:ai|assistant|model|llm|agent)\b|\bsystem prompt\b|\bas an ai\b"
     r"|\b(?:assistant|llm|ai agent)s?\s*[:,]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_WARNING = re.compile(r"\b[A-Z]\w*Warning: |^\s*(?:WARNING|WARN)\b|\[W\d{4} ")
+"""Python's and loggers' warnings: they report something that went on working."""
 _NODE_IN_TEXT = re.compile(r"\b(?:node name|node|host|address|peer)[:=]?\s+(?P<node>[A-Za-z0-9][\w.-]*\d[\w.-]*?)(?=[<:\s,;)]|$)")
 """A node the message itself names (`node name: 10.4.0.17`, `connect to host gpu-a07`,
 `remote peer hgx-17<35124>`) when no envelope says where the line came from."""
@@ -222,8 +222,8 @@ def _candidate(chunk: Chunk, result: Vote | None) -> Candidate | None:
         return Candidate(chunk, result, chunk.rule.reason, chunk.rule.origin.value, chunk.rule.tier, True)
     if result is None or result.similarity < MIN_SIMILARITY or result.share < MIN_SHARE:
         return None
-    if not chunk.error_like and result.similarity < STRONG_SIMILARITY:
-        return None
+    if not chunk.error_like or _WARNING.search(chunk.message):
+        return None  # chatter that merely resembles a failure (a warning about CUDA graphs) is not one
     tier = result.tier
     if result.similarity < SURE_SIMILARITY and TIER_RANK[tier] > TIER_RANK[Tier.GENERIC]:
         tier = Tier.GENERIC
