@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_LOG ?= fixtures/logs/cases/megatron/ecc_error.log
 
-.PHONY: install demo serve test test-postgres bench fixtures
+.PHONY: install demo serve test test-postgres bench bench-agent fixtures
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ test: install
 
 bench: install
 	$(BIN)/python -m bench.filter_bench
+
+bench-agent: install
+	$(BIN)/python -m bench.failure_agent_bench
 
 fixtures: install
 	$(BIN)/python -m fixtures.logs.generate cases

@@ -166,3 +166,28 @@ def test_a_log_line_cannot_change_the_labels_in_the_embedded_path(ctx, tmp_path)
     assert d["root_cause"]["reason"] == clean["root_cause"]["reason"] == "network_error"
     assert d["root_cause"]["origin"] == "infrastructure" and d["root_cause"]["line"] != INJECTION
     assert all(rule["status"] == "pending" for rule in d["suggested_rules"])
+
+
+def test_a_rule_that_would_change_a_confirmed_job_is_refused(ctx) -> None:
+    """An earlier job had the same memory fault among its lines, and a person confirmed it as
+    an NCCL timeout. No confirmed line conflicts with the new rule, but replaying that job
+    with the rule would make the fault its root cause: the write-back is refused."""
+    from service import incidents, store
+
+    earlier, new = NOVEL / "rocm_memory_fault-1.log", NOVEL / "rocm_memory_fault-0.log"
+    run = ctx.new_run(JobMeta(name="gpt-13b-rocm-0301"), diagnose=False)
+    feed_path(run, str(earlier))
+    old = run.finish()
+    assert old.root_cause.reason == "nccl_timeout"
+    with ctx.db.session() as session:
+        job = store.create_job(session, name="gpt-13b-rocm-0301", family="gpt-13b-rocm")
+        store.save_diagnosis(session, job, old.to_dict(), finished=True)
+        store.save_kept_lines(session, job.id, run.compressed.lines())
+        incidents.confirm_job(session, job.id, actor="alice", note="the timeout, as the rules said")
+        job_id = job.id
+    _, d = diagnose(ctx, new)
+    assert d["root_cause"]["reason"] == "cuda_error" and d["root_cause"]["source"] == "retrieval"
+    result = d["agent"]["write_back"]
+    assert result["status"] == "refused" and d["suggested_rules"] == []
+    assert result["reason"].startswith(f"it would change the diagnosis of job {job_id} (confirmed by admin) "
+                                       "from nccl_timeout to cuda_error")
