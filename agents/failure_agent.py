@@ -147,6 +147,12 @@ class Retrieval:
     vectors: np.ndarray | None = None
     index: Any = None
     """FAISS index of this job's chunks (ids are chunk orders)."""
+    lines: Sequence[KeptLine] = ()
+    """The compressed log the chunks were made from."""
+
+    def chunk_of(self, line: KeptLine) -> Chunk | None:
+        shape = mask(split_envelope(line.text).message.strip())
+        return next((c for c in self.chunks if mask(c.message) == shape), None)
 
     def related(self, chunk: Chunk, threshold: float = RELATED_SIMILARITY) -> list[Chunk]:
         """Chunks that repeat this one: other shapes saying the same (other ranks' wording)."""
@@ -158,9 +164,6 @@ class Retrieval:
         scores, ids = self.index.search(self.vectors[pos:pos + 1], 16)
         by_order = {str(c.order): c for c in self.embedded}
         return [by_order[i] for i, s in zip(ids[0], scores[0], strict=False) if s >= threshold and i in by_order]
-
-    def by_line(self) -> dict[tuple[str, int], KeptLine]:
-        return {(c.first.source, c.first.line_number): c.first for c in self.chunks}
 
 
 def chunk_lines(lines: Sequence[KeptLine], program) -> list[Chunk]:
@@ -214,7 +217,7 @@ def retrieve(lines: Sequence[KeptLine], program, knowledge: KnowledgeBase, embed
             if result is not None:
                 votes[chunk.order] = result
     candidates = [c for c in (_candidate(chunk, votes.get(chunk.order)) for chunk in embedded) if c is not None]
-    return Retrieval(chunks, embedded, votes, neighbours, candidates, vectors, index)
+    return Retrieval(chunks, embedded, votes, neighbours, candidates, vectors, index, lines)
 
 
 def _candidate(chunk: Chunk, result: Vote | None) -> Candidate | None:
@@ -273,31 +276,29 @@ def _category(reason_id: str) -> str | None:
     return entry.category.value if entry.category else None
 
 
+def find_line(reply: DecisionReply, retrieval: Retrieval) -> KeptLine | None:
+    """The kept line the model names: by its number (and file) and text, or by text alone.
+    The text must be that line's, as shown (its envelope may be left out)."""
+    def same(line: KeptLine, text: str) -> bool:
+        return text in (line.text.strip(), split_envelope(line.text).message.strip())
+
+    text = (reply.line or "").strip()
+    if reply.line_number is not None:
+        at = [ln for ln in retrieval.lines if ln.line_number == reply.line_number and (not reply.file or ln.source == reply.file)]
+        if text:
+            at = [ln for ln in at if same(ln, text)]
+        return at[0] if len(at) == 1 else None
+    if text:
+        return next((ln for ln in retrieval.lines if same(ln, text)), None)
+    return None
+
+
 def check_reply(reply: DecisionReply, retrieval: Retrieval) -> tuple[Decision | None, str]:
     """A decision from a model's reply, or the reason it is not acceptable (no log text)."""
-    by_line = {}
-    for chunk in retrieval.chunks:
-        by_line[chunk.first.text.strip()] = chunk
-    chunk = line = None
-    if reply.line_number is not None:
-        for c in retrieval.chunks:
-            for source, number in c.line_numbers:
-                if number == reply.line_number and (not reply.file or reply.file == source):
-                    chunk = c
-                    break
-            if chunk is not None:
-                break
-        if chunk is not None and reply.line and reply.line.strip() not in (chunk.first.text.strip(), chunk.message):
-            if reply.line.strip() in by_line:
-                chunk = by_line[reply.line.strip()]
-            elif split_envelope(reply.line.strip()).message.strip() != chunk.message:
-                chunk = None
-    elif reply.line:
-        text = reply.line.strip()
-        chunk = by_line.get(text) or next((c for c in retrieval.chunks if c.message == split_envelope(text).message.strip()), None)
-    if chunk is None:
+    line = find_line(reply, retrieval)
+    chunk = retrieval.chunk_of(line) if line is not None else None
+    if line is None or chunk is None:
         return None, "the root-cause line is not a line of this log: give its line number and copy it exactly"
-    line = chunk.first
     if chunk.structural:
         return None, "the chosen line is part of a traceback or a failure summary, not a root cause"
     if chunk.to_agent:

@@ -193,3 +193,17 @@ def test_secrets_are_redacted_before_the_prompt_and_the_store(ctx, scripted_llm,
                             [r.provenance for r in session.scalars(select(RuleRow))])
     assert "Zq8vT1kP0w9xLr" not in stored and "hf_aB3dE5gH7" not in stored
     scripted_llm.assert_complete()
+
+
+def test_the_answer_may_name_any_occurrence_of_a_shape(ctx, scripted_llm) -> None:
+    """The model picks the third rank's timeout (not the first of its shape): that exact
+    line is the root cause, labelled as its rule says."""
+    lines = EFA.read_text().splitlines()
+    timeouts = [(n, line) for n, line in enumerate(lines, 1) if "Watchdog caught" in line]
+    number, line = timeouts[2]
+    scripted_llm.add(answer(number, line, reason="nccl_timeout"))
+    d = diagnose(ctx, EFA)
+    assert d["root_cause"]["line"] == line and d["root_cause"]["line_number"] == number
+    assert d["root_cause"]["reason"] == "nccl_timeout" and d["root_cause"]["source"] == "failure_agent"
+    assert d["agent"]["write_back"]["status"] == "skipped"  # a rule already knows that line
+    scripted_llm.assert_complete()
