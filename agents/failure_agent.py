@@ -54,7 +54,11 @@ if TYPE_CHECKING:
     from service.pipeline import JobRun
 
 MAX_CHUNKS = 3000
-"""Distinct line shapes embedded per job: error-like ones first, then the latest others."""
+"""Distinct line shapes embedded per job: error-like and rule-matched ones first, then others."""
+MAX_OTHER_CHUNKS = 200
+"""Shapes that are neither (the latest first): they can be no root cause, only its context
+(the lines the LLM sees around a candidate, the other ranks' wording of the same failure),
+and a 100 MB log has hundreds of them; each vector costs ~10-20 ms of CPU."""
 NEIGHBOURS = 8
 MIN_SIMILARITY = 0.40
 """A line nearer than this to no incident gets no label from the knowledge base."""
@@ -202,7 +206,7 @@ def retrieve(lines: Sequence[KeptLine], program, knowledge: KnowledgeBase, embed
     chunks = chunk_lines(lines, program)
     usable = [c for c in chunks if not c.structural and not c.to_agent]
     first = [c for c in usable if c.error_like or c.rule is not None]
-    rest = [c for c in reversed(usable) if not (c.error_like or c.rule is not None)]
+    rest = [c for c in reversed(usable) if not (c.error_like or c.rule is not None)][:MAX_OTHER_CHUNKS]
     embedded = sorted((first + rest)[:max_chunks], key=lambda c: c.order)
     votes: dict[int, Vote] = {}
     neighbours: dict[int, list[Neighbour]] = {}

@@ -7,9 +7,11 @@ the knowledge base at 10,000 incidents.
    NCCL INFO bursts at each restart, warnings and unexplained chatter that no filter drops,
    a few transient error lines) ends in a failure no built-in rule knows (a ROCm memory
    access fault on one rank, NCCL watchdog timeouts on the others). The pipeline filters it;
-   then the agent's own work is timed: chunking the compressed log, embedding the chunks,
-   the per-job FAISS index, the search of the knowledge base and the embedded decision.
-   The model load is timed apart (once per process).
+   then the agent's own work is timed, cold (no cached vectors): chunking the compressed
+   log, embedding the chunks, the per-job FAISS index, the search of the knowledge base and
+   the votes; then the whole agent again with the vectors cached (a second job of the same
+   shapes). The model load is timed apart (once per process). The machine's load average
+   is recorded: the figures are CPU-bound and move with it.
 2. A knowledge base of --incidents incidents (the seeds plus confirmed root-cause lines made
    from the novel fixtures' wordings with other values): FAISS index size in memory and on
    disk, the time to rebuild it from stored vectors (what a replica does), search latency,
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import tempfile
@@ -144,7 +147,7 @@ def agent_on_log(path: Path, embedder, repeat: int = 1) -> dict:
         "compressed_lines": len(lines), "chunks": len(chunks), "embedded_chunks": len(retrieval.embedded),
         "candidates": len(retrieval.candidates), "pipeline_s": round(pipeline_s, 2),
         "chunk_s": round(best["chunk_s"], 3), "embed_and_search_s": round(best["retrieve_s"], 2),
-        "agent_total_s": round(best["agent_s"], 2),
+        "agent_again_warm_cache_s": round(best["agent_s"], 2),
         "rules_said": f"{rules.root_cause.reason} ({rules.root_cause.source})" if rules.root_cause else None,
         "agent_said": f"{root.reason}/{root.origin} ({root.source})" if root else None,
         "agent_line": root.line[:160] if root else None,
@@ -234,7 +237,8 @@ def main() -> None:
             write_log(path, args.size_mb)
         log = agent_on_log(path, embedder)
     kb = knowledge_base(args.incidents, args.embed_incidents, embedder)
-    figures = {"at": datetime.now(UTC).isoformat(timespec="seconds"), "model_load_s": round(load_s, 2),
+    figures = {"at": datetime.now(UTC).isoformat(timespec="seconds"), "load_average": os.getloadavg(),
+               "cpus": os.cpu_count(), "model_load_s": round(load_s, 2),
                "log": log, "knowledge_base": kb,
                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
     OUT.mkdir(parents=True, exist_ok=True)
