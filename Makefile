@@ -7,7 +7,7 @@ DEMO_LOG ?= fixtures/logs/cases/megatron/ecc_error.log
 # after); with no server there, that run is skipped with the reason
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: install chromium demo serve test test-sqlite test-postgres bench load-bench fixtures screenshots
+.PHONY: install chromium demo serve test test-sqlite test-postgres bench bench-agent load-bench fixtures screenshots
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,9 @@ bench: install
 
 load-bench: install
 	$(BIN)/python -m bench.load_bench
+
+bench-agent: install
+	$(BIN)/python -m bench.failure_agent_bench
 
 fixtures: install
 	$(BIN)/python -m fixtures.logs.generate cases

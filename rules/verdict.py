@@ -43,11 +43,14 @@ class Diagnosis:
     """What the filter rules dropped: rule id, count, first and last line."""
     rollback: dict[str, Any] | None = None
     """For a loss spike: the checkpoint to go back to and the steps to skip."""
+    agent: dict[str, Any] | None = None
+    """What the Failure Agent did: backend, candidates, nearest incidents, write-back."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if self.rollback is None:
-            out.pop("rollback")
+        for optional in ("rollback", "agent"):
+            if out[optional] is None:
+                out.pop(optional)
         return out
 
 

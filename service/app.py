@@ -43,15 +43,17 @@ def _error(status: int, message: str, **extra: object) -> JSONResponse:
     return JSONResponse({"error": message, "status": status, **extra}, status_code=status)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """The app; raises ConfigError (refuses to start) with admin enabled and no real token."""
+def create_app(settings: Settings | None = None, *, embedder: object | None = None) -> FastAPI:
+    """The app; raises ConfigError (refuses to start) with admin enabled and no real token.
+    `embedder`: a loaded embedding model to share (tests); by default the Failure Agent
+    loads its own on first use."""
     settings = settings or load_settings()
     settings.require_admin_token()
     registry = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx = Context.build(settings, metrics=registry)
+        ctx = Context.build(settings, metrics=registry, embedder=embedder)
         app.state.ctx = ctx
         outbox = Outbox(settings)
         outbox.attach(asyncio.get_running_loop())

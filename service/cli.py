@@ -138,8 +138,9 @@ def _context(settings: Settings):
     return Context.open(settings)
 
 
-def _run_job(ctx, paths: Sequence[str], meta: JobMeta, *, on_kept=None, progress: ProgressLine | None = None) -> tuple[JobRun, Diagnosis]:
-    run = ctx.new_run(meta)
+def _run_job(ctx, paths: Sequence[str], meta: JobMeta, *, on_kept=None, progress: ProgressLine | None = None,
+             diagnose: bool = True) -> tuple[JobRun, Diagnosis]:
+    run = ctx.new_run(meta, diagnose=diagnose)
     for path in paths:
         feed_path(run, path, progress=progress, on_kept=on_kept)
     if progress is not None:
@@ -189,7 +190,7 @@ def cmd_compress(args: argparse.Namespace, out: TextIO) -> int:
                     out.write(("" if first[0] else ",") + "\n  " + json.dumps(line.text))
                     first[0] = False
 
-            run, diagnosis = _run_job(ctx, [args.path], meta, on_kept=emit_json)
+            run, diagnosis = _run_job(ctx, [args.path], meta, on_kept=emit_json, diagnose=False)
             summary = {**diagnosis.compression, "filtered": diagnosis.filtered,
                        "learned": [_rule_view(r) for r in run.learned]}
             out.write("\n]," + json.dumps(summary)[1:] + "\n")
@@ -198,7 +199,7 @@ def cmd_compress(args: argparse.Namespace, out: TextIO) -> int:
         def emit_text(lines: list[KeptLine]) -> None:
             out.write("".join(f"{line.line_number}: {line.text}\n" for line in lines))
 
-        run, diagnosis = _run_job(ctx, [args.path], meta, on_kept=emit_text, progress=ProgressLine())
+        run, diagnosis = _run_job(ctx, [args.path], meta, on_kept=emit_text, progress=ProgressLine(), diagnose=False)
         out.write(render_compression(diagnosis, run))
     return EXIT_OK
 

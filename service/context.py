@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from rules.verdict import Diagnosis
-from service import store
+from service import incidents, store
 from service.db import Database, open_database
 from service.metrics import Metrics
 from service.pipeline import FailureAgentHook, JobMeta, JobRun, LogAgentHook
@@ -34,15 +34,17 @@ class Context:
 
     @classmethod
     @contextmanager
-    def open(cls, settings: Settings) -> Iterator[Context]:
-        ctx = cls.build(settings)
+    def open(cls, settings: Settings, **options: object) -> Iterator[Context]:
+        ctx = cls.build(settings, **options)
         try:
             yield ctx
         finally:
             ctx.close()
 
     @classmethod
-    def build(cls, settings: Settings, *, metrics: Metrics | None = None) -> Context:
+    def build(cls, settings: Settings, *, metrics: Metrics | None = None, embedder: object | None = None) -> Context:
+        """Everything a command or the app needs. `embedder` lets tests share one loaded
+        model; otherwise the Failure Agent loads its own, on first use."""
         db = open_database(settings)
         rulebook = Rulebook(source=store.RuleStore(db))
         metrics = metrics or Metrics()
@@ -55,6 +57,12 @@ class Context:
             ctx.log_agent_factory = agent.for_job
             ctx.log_agent_impl = agent
             ctx.closers.extend(closers)
+        if settings.failure_agent:
+            from service.failure_agent import LazyFailureAgent
+
+            lazy = LazyFailureAgent(settings, db, rulebook, embedder=embedder)
+            ctx.failure_agent = lazy
+            ctx.closers.append(lazy.close)
         return ctx
 
     def log_agent(self, meta: JobMeta) -> LogAgentHook | None:
@@ -68,16 +76,21 @@ class Context:
             return None
         return self.log_agent_impl.resume(state)
 
-    def new_run(self, meta: JobMeta) -> JobRun:
+    def new_run(self, meta: JobMeta, *, diagnose: bool = True) -> JobRun:
+        """A job run with the agents in force; `diagnose=False` (compress) leaves the Failure
+        Agent out: only the kept lines are wanted, and its model costs seconds to load."""
         self.rulebook.refresh()
-        return JobRun(self.rulebook, meta, log_agent=self.log_agent(meta),
-                      failure_agent=self.failure_agent if self.settings.failure_agent else None)
+        agent = self.failure_agent if self.settings.failure_agent and diagnose else None
+        return JobRun(self.rulebook, meta, log_agent=self.log_agent(meta), failure_agent=agent)
 
     def after_run(self, run: JobRun, diagnosis: Diagnosis, *, entry: str = "cli",
-                  session: Session | None = None) -> None:
+                  session: Session | None = None, job_id: str | None = None) -> None:
         """Count rule hits and metrics (in `session` when the caller stores the job in the
-        same transaction); agents persist what they learned themselves."""
-        self.metrics.observe_diagnosis(diagnosis.to_dict(), entry=entry)
+        same transaction); a failure a rule resolved with confidence joins the Failure
+        Agent's knowledge base (as text: no model is loaded for it). Agents persist what
+        they learned themselves."""
+        result = diagnosis.to_dict()
+        self.metrics.observe_diagnosis(result, entry=entry)
         hits: dict[str, int] = {}
         for source in run.sources.values():
             for rule_id, stats in source.stream.rule_stats().items():
@@ -86,9 +99,16 @@ class Context:
             hits[found.rule.id] = hits.get(found.rule.id, 0) + found.count
         if session is not None:
             store.add_hits(session, hits)
+            self._confirm(session, result, job_id)
             return
         with self.db.session() as own:
             store.add_hits(own, hits)
+            self._confirm(own, result, job_id)
+
+    def _confirm(self, session: Session, result: dict[str, Any], job_id: str | None) -> None:
+        if self.settings.failure_agent:
+            rules = {r.id: r for r in self.rulebook.diagnosis_rules}
+            incidents.confirm_rule_diagnosis(session, result, rules, job_id=job_id)
 
     def close(self) -> None:
         for closer in reversed(self.closers):

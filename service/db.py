@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,7 +50,7 @@ def make_engine(url: str, pool: PoolOptions | None = None) -> Engine:
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(conn, _record) -> None:  # concurrent readers while one writes
             cursor = conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
+            _switch_to_wal(cursor)
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.close()
@@ -60,6 +62,20 @@ def make_engine(url: str, pool: PoolOptions | None = None) -> Engine:
     # request gets it, so the first request after the database returns succeeds
     return create_engine(url, pool_pre_ping=True, pool_size=pool.size, max_overflow=pool.max_overflow,
                          pool_timeout=pool.timeout_s, pool_recycle=pool.recycle_s, connect_args=connect_args)
+
+
+def _switch_to_wal(cursor, *, attempts: int = 200, pause_s: float = 0.05) -> None:
+    """SQLite answers "database is locked" at once, without waiting out its busy timeout,
+    when several connections switch a new file to WAL together (replicas starting at once):
+    try again for a while."""
+    for attempt in range(attempts):
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(pause_s)
 
 
 class Database:

@@ -138,9 +138,11 @@ class Incident(Base):
     reason: Mapped[str] = mapped_column(String(64), index=True)
     category: Mapped[str | None] = mapped_column(String(32), nullable=True)
     origin: Mapped[str] = mapped_column(String(16))
+    tier: Mapped[str] = mapped_column(String(16), default="cause")
+    """How strongly such a line explains a failure (rules/model.py Tier)."""
     mitigation: Mapped[str] = mapped_column(Text, default="")
     confirmed_by: Mapped[str] = mapped_column(String(64), default="")
-    """`taxonomy`, `builtin_rule`, `rule:<id>`, `admin`, `label`."""
+    """`taxonomy`, `description`, `builtin_rule`, `rule:<id>`, `admin`, `label`."""
     job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     embedding: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     """float32 vector of the text, so a replica rebuilds its index without re-embedding."""

@@ -356,7 +356,7 @@ class JobRun:
             diagnosis.mitigation, diagnosis.rollback = mitigation, rollback
             diagnosis.status = JobStatus.RUNNING.value if not self._saw_traceback else JobStatus.FAILED.value
             return diagnosis
-        if self._saw_traceback or self._last_exception is not None:
+        if self._saw_traceback or self._last_exception is not None or self._launcher_saw_failure():
             return self._unknown_failure(diagnosis)
         if self.completed():
             diagnosis.status = JobStatus.HEALTHY.value
@@ -378,6 +378,12 @@ class JobRun:
                 line_number=line.line_number, file=line.source, rank=None, node=None,
                 confidence=0.0, source="unmatched")
         return diagnosis
+
+    def _launcher_saw_failure(self) -> bool:
+        """A launcher or a crash left its trace (a non-zero exit in srun's summary or the
+        torchrun box, a C++ stack): something failed, even when no error names itself
+        (a shell's `Permission denied`, a missing script)."""
+        return any(found.rule.tier is Tier.CONTEXT for found in self.classifier.found.values())
 
     def completed(self) -> bool:
         done = self.rulebook.completion_rule_ids

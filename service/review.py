@@ -96,10 +96,16 @@ def shown(value: Any, limit: int = 80) -> str:
 
 # -- status changes ----------------------------------------------------------------------------
 def approve(session: Session, rule_id: str, *, actor: str, note: str = "") -> RuleRow:
+    """Make a rule active. An approved diagnosis rule confirms the diagnosis of its evidence
+    lines: they join the Failure Agent's knowledge base with the rule's label."""
+    from service.incidents import confirm_approved_rule
+
     row = require_rule(session, rule_id)
     if row.status == RuleStatus.ACTIVE:
         raise Conflict(f"rule {rule_id!r} is already active")
-    return store.set_rule_status(session, row, RuleStatus.ACTIVE, actor=actor, note=_note(note, required=False))
+    row = store.set_rule_status(session, row, RuleStatus.ACTIVE, actor=actor, note=_note(note, required=False))
+    confirm_approved_rule(session, row)
+    return row
 
 
 def reject(session: Session, rule_id: str, *, actor: str, reason: str) -> RuleRow:

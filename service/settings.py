@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     log_agent_max_llm_calls: int = Field(default=60, ge=1)
     """LLM calls per job; past it the embedded miner takes over."""
     failure_agent: bool = True
+    """Run the Failure Agent when no rule resolves a failure (loads the embedding model then)."""
+    failure_agent_attempts: int = Field(default=3, ge=1, le=10)
+    """LLM answers tried (an invalid one is retried with the problem named) before the
+    embedded decision is used."""
     auto_accept_rules: bool = False
     """Accept agent-suggested diagnosis rules without review (they are still validated)."""
 

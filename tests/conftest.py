@@ -103,3 +103,13 @@ def _isolated_environment(tmp_path, monkeypatch) -> Iterator[None]:
 def scripted_llm() -> Iterator[ScriptedLLM]:
     with ScriptedLLM() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The real embedding model (all-MiniLM-L6-v2 from its package folder), loaded once for
+    the whole run: inference is stateless, so sharing it changes no test's outcome, and each
+    load costs seconds. Its vector cache only skips recomputing the same text."""
+    from agents.vector_store import load_minilm
+
+    return load_minilm()

@@ -190,6 +190,31 @@ def dry_run(rule_id: str, ctx: ContextDep, admin: Admin, body: DryRunBody | None
     return result
 
 
+class ConfirmBody(BaseModel):
+    """Confirm a stored job's diagnosis as it is, or correct it: the confirmed root cause
+    joins the Failure Agent's knowledge base and guards later rule suggestions."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(default=None, max_length=64, description="the right reason, if the diagnosis was wrong")
+    origin: str | None = Field(default=None, max_length=16)
+    line: str | None = Field(default=None, max_length=4000, description="the right root-cause line")
+    note: str = Field(default="", max_length=review.MAX_NOTE_CHARS)
+
+
+@router.post("/jobs/{job_id}/confirm")
+def confirm_job(job_id: str, ctx: ContextDep, admin: Admin, body: ConfirmBody | None = None) -> dict[str, Any]:
+    """Confirm (or correct) a stored job's diagnosis; it becomes a known incident."""
+    from service.incidents import confirm_job as confirm
+
+    body = body or ConfirmBody()
+    item = _in_session(ctx, confirm, job_id, actor=admin, reason_id=body.reason, origin=body.origin,
+                       line=body.line, note=body.note)
+    ctx.metrics.admin_action("confirm")
+    return {"job_id": job_id, "incident": {"id": item.id, "reason": item.reason, "origin": item.origin,
+                                           "category": item.category, "line": item.text,
+                                           "confirmed_by": item.confirmed_by}}
+
+
 @router.get("/audit")
 def audit_log(ctx: ContextDep, _admin: Admin,
               actor: Annotated[str | None, Query(max_length=128)] = None,

@@ -120,5 +120,6 @@ def _store(ctx, run: JobRun, meta: JobMeta, diagnosis, idempotency_key: str | No
             job.meta = {**(job.meta or {}), "loss_curve": curve}
         store.save_diagnosis(session, job, result, finished=True)
         store.save_kept_lines(session, job.id, run.compressed.lines())
-        ctx.after_run(run, diagnosis, entry="diagnose", session=session)
+        session.flush()
+        ctx.after_run(run, diagnosis, entry="diagnose", session=session, job_id=job.id)
         return job.id

@@ -26,10 +26,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(settings: Settings, *, startup_timeout_s: float = 60.0) -> Iterator[str]:
-    """Yields the base URL once /healthz answers; stops the server on exit."""
+def running_server(settings: Settings, *, startup_timeout_s: float = 60.0, embedder: object | None = None) -> Iterator[str]:
+    """Yields the base URL once /healthz answers; stops the server on exit. `embedder`: a
+    loaded embedding model to share (the session's), else the app loads its own if needed."""
     port = free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning",
+    config = uvicorn.Config(create_app(settings, embedder=embedder), host="127.0.0.1", port=port, log_level="warning",
                             lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
