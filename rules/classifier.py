@@ -249,7 +249,9 @@ def render_mitigation(template: str, values: dict[str, object]) -> str:
     def fill(m: re.Match[str]) -> str:
         value = values.get(m.group(1))
         if value is None:
-            return _PLACEHOLDER_DEFAULTS.get(m.group(1), m.group(0))
+            name = m.group(1)
+            # a group the matching pattern does not have: point at the line, never show `{g_x}`
+            return _PLACEHOLDER_DEFAULTS.get(name, "(see the error line)" if name.startswith("g_") else m.group(0))
         return str(value)
 
     return _PLACEHOLDER.sub(fill, template)

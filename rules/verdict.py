@@ -13,6 +13,10 @@ from rules.rootcause import OtherError, RootCause
 from rules.taxonomy import Action, JobStatus, Origin, reason
 
 
+MAX_SUSPECT_NODES = 8
+"""More nodes than this reporting one infrastructure fault is not a node fault."""
+
+
 @dataclass(frozen=True, slots=True)
 class RootCauseView:
     reason: str
@@ -66,12 +70,21 @@ def from_rule(root: RootCause, others: list[OtherError]) -> tuple[RootCauseView,
                                  "file": ev.source, "match": ev.groups.get("match")}
     values.update({f"g_{k}": v for k, v in ev.groups.items()})
     mitigation = render_mitigation(rule.mitigation or taxonomy.mitigation, values)
+    action = rule.action
+    if len(nodes) > MAX_SUSPECT_NODES:
+        # one bad node shows up on one or two nodes; many nodes reporting the same fault point
+        # at something they share, and cordoning them all would drain the cluster
+        mitigation += (f" The same error came from {len(nodes)} or more nodes: suspect what they share "
+                       "(a switch, the fabric, the storage service) rather than the nodes themselves.")
+        nodes = []
+        if action is Action.CORDON_AND_RESTART:
+            action = Action.INVESTIGATE
     view = RootCauseView(
         reason=rule.reason, category=taxonomy.category.value if taxonomy.category else None,
         origin=rule.origin.value, line=ev.line, line_number=ev.line_number, file=ev.source,
         rank=ev.rank, node=ev.node, confidence=root.confidence, source=f"rule:{rule.id}",
     )
-    return view, rule.action.value, nodes, mitigation
+    return view, action.value, nodes, mitigation
 
 
 def other_errors_view(others: list[OtherError]) -> list[dict[str, Any]]:

@@ -46,3 +46,28 @@ def test_a_box_of_another_rank_names_no_node_for_this_one() -> None:
     run.feed("job.log", ("\n".join(lines) + "\n").encode())
     diagnosis = run.finish()
     assert diagnosis.root_cause.rank == 9 and diagnosis.root_cause.node is None
+
+
+def _ib_failure(node: int) -> str:
+    host = f"gpu-{node:03d}"
+    return (f"{host}: {host}:{3100 + node}:{3400 + node} [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion "
+            f"from peer 10.12.0.{node}<44206> with status=12 opcode=129 len=65536 vendor err 129 (Recv) "
+            "localGid ::ffff:29.87.88.182 remoteGids::ffff:29.87.4.221")
+
+
+def test_one_node_with_a_fabric_error_is_cordoned() -> None:
+    run = JobRun(Rulebook())
+    run.feed("job.log", (_ib_failure(7) + "\n").encode())
+    diagnosis = run.finish()
+    assert diagnosis.root_cause.reason == "network_error"
+    assert diagnosis.suspect_nodes == ["gpu-007"] and diagnosis.action == "cordon_and_restart"
+
+
+def test_the_same_fabric_error_from_many_nodes_cordons_none_of_them() -> None:
+    # twelve nodes losing their links at once is the switch or the fabric, not twelve bad nodes
+    run = JobRun(Rulebook())
+    run.feed("job.log", ("\n".join(_ib_failure(n) for n in range(1, 13)) + "\n").encode())
+    diagnosis = run.finish()
+    assert diagnosis.root_cause.reason == "network_error"
+    assert diagnosis.suspect_nodes == [] and diagnosis.action == "investigate"
+    assert "12 or more nodes" in diagnosis.mitigation
