@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -364,6 +364,8 @@ class FailureAgent:
     max_chunks: int = MAX_CHUNKS
     reports: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=100))
     """What the agent did for the most recent jobs (also in each diagnosis's `agent` field)."""
+    on_report: Callable[[dict[str, Any]], None] | None = None
+    """Called with each job's report once the agent is done with it: for metrics."""
 
     def diagnose(self, run: JobRun, diagnosis: Diagnosis) -> Diagnosis | None:
         lines = run.compressed.lines()
@@ -382,8 +384,15 @@ class FailureAgent:
                   "llm_attempts": attempts, "llm_problems": problems}
         self.reports.append(report)
         if decision is None:
+            self._report(report)
             return None
-        return self._diagnosis(run, diagnosis, decision, retrieval, report)
+        out = self._diagnosis(run, diagnosis, decision, retrieval, report)
+        self._report(report)
+        return out
+
+    def _report(self, report: dict[str, Any]) -> None:
+        if self.on_report is not None:
+            self.on_report(report)
 
     # -- decisions ---------------------------------------------------------------------------
     @staticmethod

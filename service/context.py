@@ -60,7 +60,7 @@ class Context:
         if settings.failure_agent:
             from service.failure_agent import LazyFailureAgent
 
-            lazy = LazyFailureAgent(settings, db, rulebook, embedder=embedder)
+            lazy = LazyFailureAgent(settings, db, rulebook, embedder=embedder, on_report=metrics.failure_agent_report)
             ctx.failure_agent = lazy
             ctx.closers.append(lazy.close)
         return ctx

@@ -9,7 +9,7 @@ process, so a command whose log the rules resolve starts and ends without torch.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agents.embeddings import Embedder, LazyEmbedder
@@ -163,8 +163,10 @@ class StoreWriteBack:
 class LazyFailureAgent:
     """A FailureAgentHook that builds the agent (model, knowledge base) on its first call."""
 
-    def __init__(self, settings: Settings, db: Database, rulebook: Rulebook, *, embedder: Embedder | None = None):
+    def __init__(self, settings: Settings, db: Database, rulebook: Rulebook, *, embedder: Embedder | None = None,
+                 on_report: Callable[[dict[str, Any]], None] | None = None):
         self.settings, self.db, self.rulebook = settings, db, rulebook
+        self.on_report = on_report
         self.embedder = embedder or LazyEmbedder(_load_minilm)
         self._agent: FailureAgent | None = None
         self._lock = threading.Lock()
@@ -193,7 +195,8 @@ class LazyFailureAgent:
             self.closers.append(llm.close)
         return FailureAgent(knowledge, self.embedder, llm=llm, attempts=self.settings.failure_agent_attempts,
                             max_tokens=self.settings.llm_max_tokens,
-                            writeback=StoreWriteBack(self.db, self.rulebook, auto_accept=self.settings.auto_accept_rules))
+                            writeback=StoreWriteBack(self.db, self.rulebook, auto_accept=self.settings.auto_accept_rules),
+                            on_report=self.on_report)
 
     def diagnose(self, run: JobRun, diagnosis: Diagnosis) -> Diagnosis | None:
         agent = self.agent()

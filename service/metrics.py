@@ -120,6 +120,26 @@ class Metrics:
             failed_checks = rejected.get("failed") or ["unknown"]
             self.validation_rejections.labels("log_agent", failed_checks[0]).inc()
 
+    def failure_agent_report(self, report: dict[str, Any]) -> None:
+        """One job the Failure Agent worked on (agents.failure_agent.FailureAgent.reports)."""
+        attempts = int(report.get("llm_attempts") or 0)
+        decision = report.get("decision") or {}
+        backend = "llm" if decision.get("source") == "failure_agent" else "embedded"
+        if attempts:
+            self.agent_calls.labels("failure_agent", "llm").inc(attempts)
+            # an answer that failed the checks (not a real line, not a taxonomy id, ...) is a failed ballot
+            failed = len(report.get("llm_problems") or ())
+            self.votes.labels("failure_agent", "failed").inc(failed)
+            self.votes.labels("failure_agent", "cast").inc(max(0, attempts - failed))
+        if backend == "embedded":
+            self.agent_calls.labels("failure_agent", "embedded").inc()
+        written = report.get("write_back") or {}
+        status = written.get("status")
+        if status in ("pending", "active"):
+            self.rules_accepted.labels("failure_agent", "diagnosis").inc()
+        elif status == "refused":
+            self.validation_rejections.labels("failure_agent", "write_back").inc()
+
     def validation_rejected(self, origin: str, failed: list[str]) -> None:
         self.validation_rejections.labels(origin, (failed or ["unknown"])[0]).inc()
 

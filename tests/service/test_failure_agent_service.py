@@ -87,6 +87,9 @@ def test_a_suggestion_is_reviewed_approved_and_then_diagnoses_by_rule(server) ->
     assert again["root_cause"]["source"] == f"rule:{suggested['id']}"
     assert again["root_cause"]["reason"] == "os_error" and again["suggested_rules"] == []
     assert "/scratch/llm/ckpt" in again["mitigation"]
+    metrics = httpx.get(f"{server}/metrics", timeout=30).text
+    assert 'faultline_agent_calls_total{agent="failure_agent",backend="embedded"} 1.0' in metrics
+    assert 'faultline_rules_accepted_total{agent="failure_agent",kind="diagnosis"} 1.0' in metrics
 
 
 def test_an_admin_confirms_a_job_and_it_becomes_an_incident(server) -> None:

@@ -141,3 +141,22 @@ def test_label_values_stay_in_fixed_sets_whatever_a_diagnosis_says(tmp_path: Pat
     assert value(text, "faultline_diagnoses_total", status="failed", reason="none", origin="none",
                  source="failure_agent") == 1
     assert "gremlins" not in text and "cosmic" not in text
+
+
+def test_failure_agent_reports_count_llm_answers_fallbacks_and_write_backs() -> None:
+    from service.metrics import Metrics
+
+    metrics = Metrics()
+    # two LLM answers failed the checks, the third was used; its rule was refused by history
+    metrics.failure_agent_report({"llm_attempts": 3, "llm_problems": ["not a line of this log", "bad json"],
+                                  "decision": {"source": "failure_agent"}, "write_back": {"status": "refused"}})
+    # the model never answered usefully: the embedded decision stood, and its rule waits for review
+    metrics.failure_agent_report({"llm_attempts": 3, "llm_problems": ["a", "b", "c"],
+                                  "decision": {"source": "retrieval"}, "write_back": {"status": "pending"}})
+    value = metrics.registry.get_sample_value
+    assert value("faultline_agent_calls_total", {"agent": "failure_agent", "backend": "llm"}) == 6
+    assert value("faultline_agent_calls_total", {"agent": "failure_agent", "backend": "embedded"}) == 1
+    assert value("faultline_agent_votes_total", {"agent": "failure_agent", "outcome": "failed"}) == 5
+    assert value("faultline_agent_votes_total", {"agent": "failure_agent", "outcome": "cast"}) == 1
+    assert value("faultline_rules_accepted_total", {"agent": "failure_agent", "kind": "diagnosis"}) == 1
+    assert value("faultline_validation_rejections_total", {"origin": "failure_agent", "check": "write_back"}) == 1
