@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -92,6 +92,13 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
         response = _error(503, f"database unavailable ({type(exc).__name__}): retry later")
         response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
         return response
+
+    @app.exception_handler(DataError)
+    async def _unstorable_value(_request: Request, exc: DataError) -> JSONResponse:
+        # a value the database refuses (PostgreSQL: a NUL character in text) is the caller's
+        # input; the message names the problem, never the statement or its parameters
+        problem = str(exc.orig).splitlines()[0][:200] if exc.orig is not None else type(exc).__name__
+        return _error(422, f"a value in the request cannot be stored: {problem}")
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

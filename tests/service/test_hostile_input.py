@@ -208,3 +208,15 @@ def test_uploads_past_the_concurrency_limit_wait_and_health_still_answers(tmp_pa
         slow.join(30)
         quick.join(30)
     assert done["slow"] <= done["quick"]
+
+
+def test_a_nul_character_in_a_query_or_a_body_is_the_callers_error(service) -> None:
+    # PostgreSQL text cannot hold NUL: the database refuses the value, the service says so (422)
+    # instead of failing with a 500; SQLite stores it, so there the request simply succeeds
+    url = service["url"]
+    responses = [httpx.get(f"{url}/jobs", params={"name": "gpt\x00-7b"}, timeout=60),
+                 httpx.post(f"{url}/jobs", json={"name": "gpt\x00-7b"}, timeout=60)]
+    for r in responses:
+        assert r.status_code in (200, 201, 422), r.text[:300]
+        if r.status_code == 422:
+            assert "cannot be stored" in r.json()["error"] and "SELECT" not in r.json()["error"]
