@@ -141,3 +141,14 @@ def test_label_values_stay_in_fixed_sets_whatever_a_diagnosis_says(tmp_path: Pat
     assert value(text, "faultline_diagnoses_total", status="failed", reason="none", origin="none",
                  source="failure_agent") == 1
     assert "gremlins" not in text and "cosmic" not in text
+
+
+def test_failed_votes_of_an_llm_the_miner_stood_in_for_count_as_failed() -> None:
+    from service.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.log_agent_report({"kind": "embedded", "ballots": 5, "failed_ballots": 0, "accepted": ["la-1"],
+                              "rejected": [], "discarded_ballots": 5, "discarded_failures": {"malformed": 5}})
+    text = prometheus_client.generate_latest(metrics.registry).decode()
+    assert value(text, "faultline_agent_votes_total", agent="log_agent", outcome="cast") == 5
+    assert value(text, "faultline_agent_votes_total", agent="log_agent", outcome="failed") == 5
