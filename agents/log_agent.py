@@ -335,6 +335,9 @@ class JobLogAgent:
                   "ballots": len(ballots), "failed_ballots": sum(1 for b in ballots if b.failure),
                   "failures": _failures(ballots), "salvaged_ballots": sum(1 for b in ballots if b.salvaged),
                   "proposals": len(proposals), "winners": len(decision.accepted),
+                  # a pattern that matches no line of the segment (or that RE2 refuses) never
+                  # becomes a candidate: it is out before the vote
+                  "matching_nothing": sum(1 for p in proposals if not p.covers),
                   "below_quorum": len(decision.below_quorum), "accepted": [r.id for r, _ in accepted],
                   "rejected": rejected}
         return accepted, report

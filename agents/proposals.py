@@ -55,9 +55,18 @@ class ProposalReply(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _bare_list(cls, data: Any) -> Any:
-        """A bare list of rules is accepted as {"rules": [...]}."""
-        return {"rules": data} if isinstance(data, list) else data
+    def _an_answer(cls, data: Any) -> Any:
+        """A bare list of rules is accepted as {"rules": [...]}. Anything else must name at
+        least one of the keys: the tolerant parser finds `[]` or `{}` in a reply that is a
+        Python program or prose, and a mis-named key (`"lines": [...]`) would otherwise pass
+        as an empty vote, counted as cast while it said nothing."""
+        if isinstance(data, list):
+            if not data or not all(isinstance(item, dict) for item in data):
+                raise ValueError("not a list of rules")
+            return {"rules": data}
+        if isinstance(data, dict) and not {"rules", "error_lines"} & data.keys():
+            raise ValueError("neither `rules` nor `error_lines`")
+        return data
 
 
 class JudgeReply(BaseModel):

@@ -113,7 +113,11 @@ def only_rules(rulebook: Rulebook, rules: Sequence[FilterRule], log: GeneratedLo
     book = Rulebook(builtin_filters=rulebook.filter_rules, builtin_diagnosis=rulebook.diagnosis_rules,
                     source=_Learned(rules))
     run = JobRun(book, JobMeta(name=log.name))
-    return _figures(log, _feed(run, log, cut, len(log.lines)), cut)
+    # this run numbers lines from the cut: back to numbers in the whole log
+    kept = {n + cut for n in _feed(run, log, cut, len(log.lines))}
+    errors = [i for i in range(cut, len(log.lines)) if log.kinds[i] == "error"]
+    return {"routine_filtered": _figures(log, kept, cut)["routine_filtered"],
+            "errors_kept": sum(1 for i in errors if i + 1 in kept), "errors": len(errors)}
 
 
 def reply_outcomes(calls: Sequence[dict[str, Any]]) -> Counter:
@@ -143,6 +147,7 @@ def summarise(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "ballots": ballots, "ballots_failed": dict(failures), "ballots_failed_total": sum(failures.values()),
         "ballots_salvaged": sum(r.get("salvaged_ballots", 0) for r in llm),
         "proposals": sum(r["proposals"] for r in llm), "winners": sum(r["winners"] for r in llm),
+        "matching_nothing": sum(r["matching_nothing"] for r in llm),
         "below_quorum": sum(r["below_quorum"] for r in llm),
         "accepted": sum(len(r["accepted"]) for r in llm), "rejected": len(rejected),
         "rejected_by_check": dict(Counter(x["failed"][0] for x in rejected if x["failed"])),
@@ -199,7 +204,8 @@ def run_bench(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
         "filtered_llm_run": with_llm["routine_filtered"], "filtered_llm_rules_only": llm_only["routine_filtered"],
         "filtered_embedded": embedded["routine_filtered"], "rules_embedded": len(embedded["learned"]),
         "errors": with_llm["errors"], "errors_kept_llm_run": with_llm["errors_kept"],
-        "errors_kept_llm_rules_only": llm_only["errors_kept"], "errors_kept_embedded": embedded["errors_kept"],
+        "errors_kept_llm_rules_only": llm_only["errors_kept"], "errors_after_cut": llm_only["errors"],
+        "errors_kept_embedded": embedded["errors_kept"],
         "sample_replies": [c["reply"][:240] for c in proposal_calls[:3]],
     }
 
@@ -221,7 +227,8 @@ def render(r: dict[str, Any]) -> str:
         f"re-parsed replies: {r['replies_reparsed']}",
         f"  segments where every ballot failed and the embedded miner stood in: {r['segments_embedded_stood_in']}"
         f" of {r['segments']}",
-        f"  LLM proposals {r['proposals']}: {r['winners']} won the vote ({r['below_quorum']} below quorum); "
+        f"  LLM proposals {r['proposals']}: {r['matching_nothing']} matched no line of their segment; "
+        f"{r['winners']} won the vote ({r['below_quorum']} candidate(s) below quorum); "
         f"validation accepted {r['accepted']}, rejected {r['rejected']} ({rejected})",
         f"  rules learned {r['rules_learned']}: {r['rules_from_llm']} from the LLM, "
         f"{r['rules_from_embedded_stand_in']} from the embedded stand-in",
@@ -229,7 +236,7 @@ def render(r: dict[str, Any]) -> str:
         f"{r['filtered_llm_rules_only']:.2%} (LLM rules alone), {r['filtered_embedded']:.2%} (embedded backend, "
         f"{r['rules_embedded']} rules)",
         f"  error lines kept: {r['errors_kept_llm_run']}/{r['errors']} (LLM run), "
-        f"{r['errors_kept_llm_rules_only']}/{r['errors']} (LLM rules alone), "
+        f"{r['errors_kept_llm_rules_only']}/{r['errors_after_cut']} after the first 5% (LLM rules alone), "
         f"{r['errors_kept_embedded']}/{r['errors']} (embedded)",
     ]
     for pattern in r["llm_rules"]:

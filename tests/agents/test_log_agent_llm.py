@@ -224,3 +224,45 @@ def test_the_example_in_the_system_prompt_is_a_reply_that_passes_validation() ->
         validation = validator.validate(proposed.pattern, segment=lines, claims=frozenset(proposed.covers),
                                         errors=errors)
         assert validation.ok, validation.to_dict()
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param('```python\ndef filter_rules(rules):\n    filtered_lines = []\n    return filtered_lines\n```',
+                 id="a-program-with-an-empty-list"),
+    pytest.param("Here is the answer: {}", id="an-empty-object"),
+    pytest.param('{"lines": [0, 1, 2], "kind": "metrics"}', id="mis-named-keys"),
+    pytest.param("[1, 2, 3]", id="a-list-of-numbers"),
+])
+def test_a_reply_that_says_nothing_is_a_failed_vote_not_an_empty_one(text: str) -> None:
+    from agents.llm import ModelBehaviorError, parse_reply
+    from agents.proposals import ProposalReply
+
+    with pytest.raises(ModelBehaviorError):
+        parse_reply(text, ProposalReply)
+
+
+@pytest.mark.parametrize(("text", "rules"), [
+    ('{"rules": [], "error_lines": []}', 0),
+    ('{"error_lines": [4]}', 0),
+    ('[{"pattern": "step \\\\d+", "covers": [0, 1, 2]}]', 1),
+    # rules under a mis-named key are still read (the list itself is found); they face the
+    # vote and validation like any others
+    ('{"filters": [{"pattern": "step \\\\d+", "covers": [0, 1, 2]}]}', 1),
+])
+def test_an_answer_with_nothing_to_propose_is_still_a_vote(text: str, rules: int) -> None:
+    from agents.llm import parse_reply
+    from agents.proposals import ProposalReply
+
+    assert len(parse_reply(text, ProposalReply).rules) == rules
+
+
+def test_proposals_that_match_no_line_are_counted(scripted_llm, rulebook) -> None:
+    copied = r"\[trainer \d\d:\d\d:\d\d\] step (?P<step>\d+) loss (?P<loss>\d+\.\d+)"  # the prompt's example
+    for _ in range(3):
+        scripted_llm.add(reply(rule(GOOD), rule(copied)))
+    run = run_with_llm(scripted_llm.url, rulebook)
+    feed(run, LINES)
+    report = run.log_agent.reports[-1]
+    assert report["proposals"] == 6 and report["matching_nothing"] == 3
+    assert [r.pattern for r in run.learned] == [GOOD]
+    scripted_llm.assert_complete()

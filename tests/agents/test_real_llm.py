@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-pytestmark = pytest.mark.real_llm
+# one generation at a time on a shared CPU: a minute a call is normal here
+pytestmark = [pytest.mark.real_llm, pytest.mark.timeout(1800)]
 
 ASKED = os.environ.get("FAULTLINE_TEST_REAL_LLM", "") not in ("", "0")
 if not ASKED:
