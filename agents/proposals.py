@@ -58,7 +58,7 @@ class ProposalReply(BaseModel):
     def _an_answer(cls, data: Any) -> Any:
         """A bare list of rules is accepted as {"rules": [...]}. Anything else must name at
         least one of the keys: the tolerant parser finds `[]` or `{}` in a reply that is a
-        Python program or prose, and a mis-named key (`"lines": [...]`) would otherwise pass
+        Python program or prose, and mis-named keys (`{"lines": [0, 1]}`) would otherwise pass
         as an empty vote, counted as cast while it said nothing."""
         if isinstance(data, list):
             if not data or not all(isinstance(item, dict) for item in data):
