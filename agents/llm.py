@@ -149,6 +149,35 @@ def parse_reply(text: str, model: type[T]) -> T:
     raise ModelBehaviorError(f"reply does not fit {model.__name__}: {problem}")
 
 
+def _list_start(text: str, key: str) -> int:
+    match = re.search(r'"%s"\s*:\s*\[' % re.escape(key), text)
+    return match.end() if match else -1
+
+
+def salvage_items(text: str, key: str, model: type[T], *, limit: int = 50) -> list[T]:
+    """The complete leading items of the JSON list under `key` in a reply that does not parse
+    as a whole: one cut off at max_tokens, or one that goes wrong further on (small models
+    pretty-print, repeat an item until the budget runs out, or trail off into prose).
+    Items are read one by one in order; the first that is not a complete, valid item ends the
+    list, so nothing after a broken part is guessed at."""
+    pos = _list_start(text, key)
+    if pos < 0:
+        return []
+    decoder = json.JSONDecoder()
+    items: list[T] = []
+    while len(items) < limit:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] != "{":
+            break
+        try:
+            data, pos = decoder.raw_decode(text, pos)
+            items.append(model.model_validate(data))
+        except (json.JSONDecodeError, ValidationError):
+            break
+    return items
+
+
 def truncate_to_budget(lines: Sequence[str], max_tokens: int) -> list[str]:
     """As many whole lines as fit the token budget (head first)."""
     budget = max_tokens * CHARS_PER_TOKEN

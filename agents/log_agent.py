@@ -270,13 +270,19 @@ class JobLogAgent:
         minable = [line for line in lines if not self._suspect(line)]
         raw = [line.text for line in minable]
         messages = messages_of(raw)
-        backend, ballots = self._ballots(messages)
+        backend, ballots, discarded = self._ballots(messages)
         flagged = self._flagged_errors(ballots, minable)
         if flagged:
             run.forward_error_lines(flagged)
         errors = [*(line.text for line in suspects), *(line.text for line in flagged), *self._recent_errors]
         decision, proposals = self._vote(backend, ballots, raw, messages)
         accepted, report = self._accept(run, segment, backend, decision, proposals, raw, errors, ballots)
+        if discarded:
+            # the failed votes of the backend the miner stood in for: a model that never
+            # answers usefully must show in the figures, not vanish behind the fallback
+            report["discarded_ballots"] = len(discarded)
+            report["discarded_from"] = self.backend.model
+            report["discarded_failures"] = _failures(discarded)
         covered = set().union(*(v.covers for _, v in accepted)) if accepted else set()
         flagged_ids = {id(line) for line in flagged}
         self.backlog.clear()
@@ -286,16 +292,17 @@ class JobLogAgent:
             self.agent.on_report(report)
         return [rule for rule, _ in accepted]
 
-    def _ballots(self, messages: Sequence[str]) -> tuple[ProposalBackend, list[Ballot]]:
+    def _ballots(self, messages: Sequence[str]) -> tuple[ProposalBackend, list[Ballot], list[Ballot]]:
+        """The backend whose ballots count, its ballots, and the failed ballots it replaced."""
         k = self.config.votes
         ballots = self.backend.propose(messages, k, framework=self.meta.framework or "")
         if ballots and not all(b.failure for b in ballots):
-            return self.backend, ballots
+            return self.backend, ballots, []
         if self.backend is not self.agent.fallback:
             # no usable LLM reply (down, out of budget, all malformed): mine instead
             log.info("log agent: %s gave no usable ballot; embedded miner used for this segment", self.backend.model)
-            return self.agent.fallback, self.agent.fallback.propose(messages, k)
-        return self.backend, ballots
+            return self.agent.fallback, self.agent.fallback.propose(messages, k), ballots
+        return self.backend, ballots, []
 
     def _flagged_errors(self, ballots: Sequence[Ballot], lines: Sequence[KeptLine]) -> list[KeptLine]:
         """Lines a quorum of ballots called errors."""
@@ -344,7 +351,11 @@ class JobLogAgent:
                 break
         report = {"segment": segment.seq, "lines": len(raw), "backend": backend.model, "kind": backend.kind,
                   "ballots": len(ballots), "failed_ballots": sum(1 for b in ballots if b.failure),
+                  "failures": _failures(ballots), "salvaged_ballots": sum(1 for b in ballots if b.salvaged),
                   "proposals": len(proposals), "winners": len(decision.accepted),
+                  # a pattern that matches no line of the segment (or that RE2 refuses) never
+                  # becomes a candidate: it is out before the vote
+                  "matching_nothing": sum(1 for p in proposals if not p.covers),
                   "below_quorum": len(decision.below_quorum), "accepted": [r.id for r, _ in accepted],
                   "rejected": rejected}
         return accepted, report
@@ -379,6 +390,15 @@ class JobLogAgent:
         self._ids.add(rid)
         self.accepted.append(rule)
         return rule
+
+
+def _failures(ballots: Sequence[Ballot]) -> dict[str, int]:
+    """Failed ballots by kind (`malformed`, `unavailable`)."""
+    out: dict[str, int] = {}
+    for ballot in ballots:
+        if ballot.failure:
+            out[ballot.failure] = out.get(ballot.failure, 0) + 1
+    return out
 
 
 def _coverage(pattern: str, lines: Sequence[bytes], guard: ErrorGuard) -> frozenset[int]:

@@ -22,7 +22,15 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import prompts
-from agents.llm import LLMBackend, LLMUnavailable, Message, ModelBehaviorError, parse_reply, truncate_to_budget
+from agents.llm import (
+    LLMBackend,
+    LLMUnavailable,
+    Message,
+    ModelBehaviorError,
+    parse_reply,
+    salvage_items,
+    truncate_to_budget,
+)
 from agents.templates import mask, mine, variant_params
 from agents.validation import MAX_PATTERN_CHARS
 from agents.voting import Candidate
@@ -47,9 +55,18 @@ class ProposalReply(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _bare_list(cls, data: Any) -> Any:
-        """A bare list of rules is accepted as {"rules": [...]}."""
-        return {"rules": data} if isinstance(data, list) else data
+    def _an_answer(cls, data: Any) -> Any:
+        """A bare list of rules is accepted as {"rules": [...]}. Anything else must name at
+        least one of the keys: the tolerant parser finds `[]` or `{}` in a reply that is a
+        Python program or prose, and mis-named keys (`{"lines": [0, 1]}`) would otherwise pass
+        as an empty vote, counted as cast while it said nothing."""
+        if isinstance(data, list):
+            if not data or not all(isinstance(item, dict) for item in data):
+                raise ValueError("not a list of rules")
+            return {"rules": data}
+        if isinstance(data, dict) and not {"rules", "error_lines"} & data.keys():
+            raise ValueError("neither `rules` nor `error_lines`")
+        return data
 
 
 class JudgeReply(BaseModel):
@@ -73,6 +90,9 @@ class Ballot:
     error_lines: frozenset[int] = frozenset()
     failure: str | None = None
     """`malformed` (the reply did not parse), `unavailable` (no answer), or None."""
+    salvaged: bool = False
+    """The reply did not parse as a whole (cut off at max_tokens, or broken further on); its
+    complete leading rules were kept and its error lines, which come after them, were lost."""
 
 
 class ProposalBackend(Protocol):
@@ -176,18 +196,25 @@ class LLMProposalBackend:
     def _ballot(self, voter: int, chat: list[Message], messages: Sequence[str]) -> Ballot:
         try:
             text = self.llm.complete(chat, temperature=self.temperature, max_tokens=self.max_tokens)
-            reply = parse_reply(text, ProposalReply)
         except ModelBehaviorError:
             return Ballot(voter, failure="malformed")
         except LLMUnavailable:
             return Ballot(voter, failure="unavailable")
+        salvaged = False
+        try:
+            reply = parse_reply(text, ProposalReply)
+        except ModelBehaviorError:
+            rules = salvage_items(text, "rules", ProposedRule, limit=50)
+            if not rules:
+                return Ballot(voter, failure="malformed")
+            reply, salvaged = ProposalReply(rules=rules), True
         index = {text: i for i, text in reversed(list(enumerate(messages)))}
         proposals = tuple(
             RawProposal(strip_anchors(rule.pattern), frozenset(_claim(c, index, len(messages)) for c in rule.covers),
                         tuple(rule.fields), rule.description[:200])
             for rule in reply.rules)
         errors = frozenset(i for i in reply.error_lines if 0 <= i < len(messages))
-        return Ballot(voter, proposals, errors)
+        return Ballot(voter, proposals, errors, salvaged=salvaged)
 
     def judge(self, candidates: Sequence[Candidate], messages: Sequence[str]) -> int | None:
         if self.calls_left < 1:

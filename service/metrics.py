@@ -114,7 +114,8 @@ class Metrics:
         self.agent_calls.labels("log_agent", backend).inc()
         ballots, failed = int(report.get("ballots") or 0), int(report.get("failed_ballots") or 0)
         self.votes.labels("log_agent", "cast").inc(max(0, ballots - failed))
-        self.votes.labels("log_agent", "failed").inc(failed)
+        # failed votes of an LLM the embedded miner stood in for count as failed too
+        self.votes.labels("log_agent", "failed").inc(failed + int(report.get("discarded_ballots") or 0))
         self.rules_accepted.labels("log_agent", "filter").inc(len(report.get("accepted") or ()))
         for rejected in report.get("rejected") or ():
             failed_checks = rejected.get("failed") or ["unknown"]

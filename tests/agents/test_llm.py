@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from agents.llm import LLMUnavailable, Message, ModelBehaviorError, make_backend, parse_reply, truncate_to_budget
+from agents.llm import (
+    LLMUnavailable,
+    Message,
+    ModelBehaviorError,
+    make_backend,
+    parse_reply,
+    salvage_items,
+    truncate_to_budget,
+)
 from tests.support.llm_server import Reply
 
 
@@ -66,3 +74,27 @@ def test_malformed_replies_are_model_errors_that_do_not_echo_the_reply(reply: st
 
 def test_budget_keeps_whole_lines() -> None:
     assert truncate_to_budget(["a" * 7, "b" * 7, "c" * 7], max_tokens=4) == ["a" * 7, "b" * 7]
+
+
+class Item(BaseModel):
+    pattern: str
+
+
+@pytest.mark.parametrize(("reply", "kept"), [
+    pytest.param('{"rules": [{"pattern": "a"}, {"pattern": "b"}, {"pat', ["a", "b"], id="cut-off-at-max-tokens"),
+    pytest.param('Here:\n```json\n{\n  "rules": [\n    {"pattern": "a"},\n    {"pattern": "a"},\n    {"pattern": "a"},\n'
+                 '    {"pattern"', ["a", "a", "a"], id="pretty-printed-repeating"),
+    pytest.param('{"rules": [{"pattern": "a"}, {"pattern": 3}, {"pattern": "c"}]', ["a"],
+                 id="stops-at-an-invalid-item"),
+    pytest.param('{"rules": [{"pattern": "a"} oops {"pattern": "b"}]}', ["a"], id="stops-at-garbage"),
+    pytest.param('{"rules": [{"pattern": "a\\[', [], id="first-item-incomplete"),
+    pytest.param('{"error_lines": [1, 2]', [], id="no-list-under-the-key"),
+    pytest.param("I cannot help with that.", [], id="prose"),
+])
+def test_salvage_keeps_only_complete_leading_items(reply: str, kept: list[str]) -> None:
+    assert [item.pattern for item in salvage_items(reply, "rules", Item)] == kept
+
+
+def test_salvage_is_bounded() -> None:
+    reply = '{"rules": [' + '{"pattern": "a"}, ' * 500
+    assert len(salvage_items(reply, "rules", Item, limit=50)) == 50

@@ -175,3 +175,94 @@ def test_llm_budget_per_job_hands_over_to_the_embedded_miner(scripted_llm, ruleb
     feed(run, LINES)
     assert [r.source for r in run.learned] == ["log_agent:embedded"]
     assert scripted_llm.requests == []
+
+
+def test_a_reply_cut_off_at_max_tokens_keeps_its_complete_rules(scripted_llm, rulebook) -> None:
+    # what a small model does: pretty-printed JSON, one rule repeated until the budget runs out
+    cut_off = '```json\n{\n  "rules": [\n    ' + json.dumps(rule(GOOD)) + ",\n    " + json.dumps(rule(GOOD))[:40]
+    scripted_llm.add(reply(rule(GOOD)))
+    scripted_llm.add(cut_off)
+    scripted_llm.add("{not json")
+    sink = MemorySink()
+    run = run_with_llm(scripted_llm.url, rulebook, sink)
+    feed(run, LINES)
+    (learned,) = run.learned
+    assert sink.rules[learned.id][2]["votes"] == 2
+    report = run.log_agent.reports[-1]
+    assert report["salvaged_ballots"] == 1
+    assert report["failed_ballots"] == 1 and report["failures"] == {"malformed": 1}
+    scripted_llm.assert_complete()
+
+
+def test_failed_votes_of_an_llm_the_miner_stood_in_for_are_reported(scripted_llm, rulebook) -> None:
+    for text in ("Sure! Here is a Python function that filters lines:", "{not json", Reply(status=500)):
+        scripted_llm.add(text)
+    run = run_with_llm(scripted_llm.url, rulebook)
+    feed(run, LINES)
+    report = run.log_agent.reports[-1]
+    assert report["kind"] == "embedded" and report["failed_ballots"] == 0
+    assert report["discarded_ballots"] == 3 and report["discarded_from"] == "openai:scripted-model"
+    assert report["discarded_failures"] == {"malformed": 2, "unavailable": 1}
+    scripted_llm.assert_complete()
+
+
+def test_the_example_in_the_system_prompt_is_a_reply_that_passes_validation() -> None:
+    """Small models copy the example's form (and sometimes its pattern): it must be a valid
+    reply, and its rule a rule our own validation accepts for the example's lines."""
+    import prompts
+    from agents.llm import parse_reply
+    from agents.proposals import ProposalReply
+
+    text = prompts.render("log_agent_system")
+    shown, answer = text.split("Example. For these lines:\n", 1)[1].split("the answer is:\n", 1)
+    lines = [line.split("| ", 1)[1] for line in shown.strip().splitlines()]
+    example = parse_reply(answer, ProposalReply)
+    assert json.loads(answer) and example.rules and example.error_lines
+    validator = LogAgent(LogAgentConfig()).validator
+    errors = [lines[i] for i in example.error_lines]
+    for proposed in example.rules:
+        validation = validator.validate(proposed.pattern, segment=lines, claims=frozenset(proposed.covers),
+                                        errors=errors)
+        assert validation.ok, validation.to_dict()
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param('```python\ndef filter_rules(rules):\n    filtered_lines = []\n    return filtered_lines\n```',
+                 id="a-program-with-an-empty-list"),
+    pytest.param("Here is the answer: {}", id="an-empty-object"),
+    pytest.param('{"lines": [0, 1, 2], "kind": "metrics"}', id="mis-named-keys"),
+    pytest.param("[1, 2, 3]", id="a-list-of-numbers"),
+])
+def test_a_reply_that_says_nothing_is_a_failed_vote_not_an_empty_one(text: str) -> None:
+    from agents.llm import ModelBehaviorError, parse_reply
+    from agents.proposals import ProposalReply
+
+    with pytest.raises(ModelBehaviorError):
+        parse_reply(text, ProposalReply)
+
+
+@pytest.mark.parametrize(("text", "rules"), [
+    ('{"rules": [], "error_lines": []}', 0),
+    ('{"error_lines": [4]}', 0),
+    ('[{"pattern": "step \\\\d+", "covers": [0, 1, 2]}]', 1),
+    # rules under a mis-named key are still read (the list itself is found); they face the
+    # vote and validation like any others
+    ('{"filters": [{"pattern": "step \\\\d+", "covers": [0, 1, 2]}]}', 1),
+])
+def test_an_answer_with_nothing_to_propose_is_still_a_vote(text: str, rules: int) -> None:
+    from agents.llm import parse_reply
+    from agents.proposals import ProposalReply
+
+    assert len(parse_reply(text, ProposalReply).rules) == rules
+
+
+def test_proposals_that_match_no_line_are_counted(scripted_llm, rulebook) -> None:
+    copied = r"\[trainer \d\d:\d\d:\d\d\] step (?P<step>\d+) loss (?P<loss>\d+\.\d+)"  # the prompt's example
+    for _ in range(3):
+        scripted_llm.add(reply(rule(GOOD), rule(copied)))
+    run = run_with_llm(scripted_llm.url, rulebook)
+    feed(run, LINES)
+    report = run.log_agent.reports[-1]
+    assert report["proposals"] == 6 and report["matching_nothing"] == 3
+    assert [r.pattern for r in run.learned] == [GOOD]
+    scripted_llm.assert_complete()

@@ -160,3 +160,14 @@ def test_failure_agent_reports_count_llm_answers_fallbacks_and_write_backs() -> 
     assert value("faultline_agent_votes_total", {"agent": "failure_agent", "outcome": "cast"}) == 1
     assert value("faultline_rules_accepted_total", {"agent": "failure_agent", "kind": "diagnosis"}) == 1
     assert value("faultline_validation_rejections_total", {"origin": "failure_agent", "check": "write_back"}) == 1
+
+
+def test_failed_votes_of_an_llm_the_miner_stood_in_for_count_as_failed() -> None:
+    from service.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.log_agent_report({"kind": "embedded", "ballots": 5, "failed_ballots": 0, "accepted": ["la-1"],
+                              "rejected": [], "discarded_ballots": 5, "discarded_failures": {"malformed": 5}})
+    text = prometheus_client.generate_latest(metrics.registry).decode()
+    assert value(text, "faultline_agent_votes_total", agent="log_agent", outcome="cast") == 5
+    assert value(text, "faultline_agent_votes_total", agent="log_agent", outcome="failed") == 5
