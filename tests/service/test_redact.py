@@ -69,7 +69,8 @@ def test_a_private_key_in_a_live_jobs_tail_stays_masked_across_lines_and_appends
     body = ["MIIEowIBAAKCAQEAvJ3kQ8vN2pLm5tR7wX1cB4nM6jH9gF0dS2aQyZ3k", "Q8vN2pLm5tR7wX1cB4nM6jH9gF0dS2aQyZ3kQ8vN"]
     run = JobRun(Rulebook(), JobMeta(name="gpt-7b-20250301-ab12cd"))
     filler = [f"[default0]: iteration {i:8d}/  100000 | lm loss: 6.2E+00 |" for i in range(2 * TAIL_LINES)]
-    run.feed("rank0.log", ("\n".join(["deploy key loaded:", "-----BEGIN RSA PRIVATE KEY-----", body[0]]) + "\n").encode())
+    head = ["deploy key loaded:", "-----BEGIN RSA PRIVATE KEY-----", body[0]]
+    run.feed("rank0.log", ("\n".join(head) + "\n").encode())
     # the rest of the block in the next append, behind more lines than the tail holds
     run.feed("rank0.log", ("\n".join([body[1], *filler[:TAIL_LINES + 5], body[0], "-----END RSA PRIVATE KEY-----",
                                       *filler[:3]]) + "\n").encode())
