@@ -27,13 +27,17 @@ log = logging.getLogger(__name__)
 
 
 async def _every(seconds: float, work: Callable[[], object]) -> None:
-    """Run blocking work in a thread every `seconds` until cancelled; a failed round is logged."""
+    """Run blocking work in a thread every `seconds` until cancelled; a failed round is logged
+    (a database that is down in one line: /healthz already says so, the next round retries)."""
+    name = getattr(work, "__name__", "work")
     while True:
         await asyncio.sleep(seconds)
         try:
             await asyncio.to_thread(work)
+        except (OperationalError, PoolTimeout) as exc:
+            log.warning("periodic %s skipped: database unavailable (%s)", name, type(exc).__name__)
         except Exception:
-            log.exception("periodic %s failed", getattr(work, "__name__", "work"))
+            log.exception("periodic %s failed", name)
 
 
 DATABASE_RETRY_AFTER_S = 2

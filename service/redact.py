@@ -50,6 +50,11 @@ class Redactor:
         self._in_key = False
         self.redactions = 0
 
+    @property
+    def in_key(self) -> bool:
+        """Inside a private key block: the next lines are masked until its end."""
+        return self._in_key
+
     def redact(self, line: str) -> str:
         if self._in_key:
             if _KEY_END.search(line):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import gzip
+import itertools
 import json
 import logging
 import os
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("faultline.sidecar")
 
+LATENCY_SAMPLES = 4096
+"""Delivery times kept for the summary at exit: a uniform sample, so memory stays flat."""
 READ_AGE_HEADER = "X-Faultline-Read-Age"
 """Seconds since the batch was read: the service dates the lines by it, not by their arrival."""
 STATE_VERSION = 1
@@ -75,6 +78,56 @@ class Checkpoint:
 
 
 @dataclass
+class Latencies:
+    """Durations, as a uniform random sample of at most `keep` of them (reservoir sampling):
+    percentiles of a sidecar that runs for months in bounded memory."""
+
+    keep: int = LATENCY_SAMPLES
+    count: int = 0
+    largest: float = 0.0
+    samples: list[float] = field(default_factory=list)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.largest = max(self.largest, seconds)
+        if len(self.samples) < self.keep:
+            self.samples.append(seconds)
+        else:
+            slot = self.rng.randrange(self.count)
+            if slot < self.keep:
+                self.samples[slot] = seconds
+
+    def percentile(self, q: float) -> float | None:
+        if not self.samples:
+            return None
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def describe(self) -> str:
+        if not self.samples:
+            return "none"
+        return (f"p50 {self.percentile(0.5):.3f} s, p99 {self.percentile(0.99):.3f} s, "
+                f"max {self.largest:.3f} s")
+
+
+@dataclass
+class Delivery:
+    """How sending went, for the summary the sidecar logs when it exits."""
+
+    ack: Latencies = field(default_factory=Latencies)
+    """From the request that was acknowledged to its answer: the server's ack as seen here."""
+    read_to_ack: Latencies = field(default_factory=Latencies)
+    """From reading a batch's newest bytes to its acknowledgement: queueing, outages and
+    retries included."""
+    retries: int = 0
+
+    def summary(self, lines: int, batches: int) -> str:
+        return (f"delivered {lines} lines in {batches} batches; acknowledgement {self.ack.describe()}; "
+                f"read to acknowledgement {self.read_to_ack.describe()}; {self.retries} retries")
+
+
+@dataclass
 class Shared:
     """What the reader and the sender share, under one condition variable."""
 
@@ -95,6 +148,7 @@ class Shared:
     """The sender has compared offsets with the server since it has a job."""
     sent_lines: int = 0
     sent_batches: int = 0
+    delivery: Delivery = field(default_factory=Delivery)
 
     def stale(self, batch: Batch) -> bool:
         return batch.epoch != self.epochs.get(batch.file_id, 0)
@@ -112,10 +166,15 @@ class Sender(threading.Thread):
         self.client = httpx.Client(base_url=config.server, timeout=config.request_timeout_s,
                                    headers={"User-Agent": "faultline-sidecar/1"})
         self._delay = 0.0
+        self.max_body = config.tail.batch_bytes
+        """The largest request body: batches are joined up to it (halved, as the reader's
+        batches are, when the server refuses one as too large)."""
 
     # -- retries -----------------------------------------------------------------------------------
     def _backoff(self, why: str) -> None:
         self._delay = min(self.config.retry_max_s, max(0.2, self._delay * 2))
+        with self.shared.cond:
+            self.shared.delivery.retries += 1
         log.warning("server unavailable (%s); retrying in %.1f s", why, self._delay)
         self.stop.wait(self._delay * random.uniform(0.8, 1.2))
 
@@ -243,9 +302,37 @@ class Sender(threading.Thread):
                 self.shared.cond.wait(0.5)
             if not self.shared.queue or self.shared.job_closed is not None:
                 return None
-            batch = self.shared.queue[0]
+            batch = self.coalesce()
             self.shared.inflight = batch
             return batch
+
+    def coalesce(self) -> Batch:
+        """Under the lock: the first queued batch, joined with the batches queued behind it
+        that continue the same file, up to the batch size; it takes their place at the head
+        of the queue. A sender that fell behind (a slow or restarting server, many busy
+        files) then catches up in a few big requests instead of one small request per file
+        and flush interval: each request has a fixed cost on the server."""
+        queue = self.shared.queue
+        first = queue[0]
+        parts, size = [first], len(first.body)
+        for other in itertools.islice(queue, 1, None):
+            if other.file_id != first.file_id:
+                continue
+            last = parts[-1]
+            whole = last.body.endswith(b"\n") and not last.skipping_after and len(last.body) == last.end - last.offset
+            if not whole or other.epoch != first.epoch or other.offset != last.end \
+                    or size + len(other.body) > self.max_body:
+                break
+            parts.append(other)
+            size += len(other.body)
+        if len(parts) == 1:
+            return first
+        last = parts[-1]
+        joined = Batch(first.source, first.file_id, first.offset, last.end, b"".join(p.body for p in parts),
+                       last.read_at, first.epoch, last.skipping_after)
+        taken = {id(p) for p in parts}
+        self.shared.queue = deque([joined, *(b for b in queue if id(b) not in taken)])
+        return joined
 
     def _send(self, batch: Batch) -> None:
         while not self.stop.is_set():
@@ -268,6 +355,7 @@ class Sender(threading.Thread):
         if self.config.gzip and body:
             body = gzip.compress(body, compresslevel=1)
             headers["Content-Encoding"] = "gzip"
+        sent = time.perf_counter()
         try:
             response = self.client.post(f"/jobs/{job_id}/logs", params=params, content=body, headers=headers)
         except httpx.HTTPError as exc:
@@ -276,6 +364,9 @@ class Sender(threading.Thread):
         status = response.status_code
         if status == 200:
             self._ok()
+            with self.shared.cond:
+                self.shared.delivery.ack.add(time.perf_counter() - sent)
+                self.shared.delivery.read_to_ack.add(max(0.0, time.time() - batch.read_at))
             return "acked"
         if status == 409:
             return self._conflict(batch, response)
@@ -283,6 +374,7 @@ class Sender(threading.Thread):
             self._new_job(f"the server has no job {job_id}")
             return "dropped"
         if status == 413:
+            self.max_body = max(1024, self.max_body // 2)
             with self.shared.cond:
                 self.shared.smaller_batches = True
                 self._resync(batch.file_id, batch.offset)

@@ -193,6 +193,8 @@ class Sidecar:
             self.sender.save()
             self.tailer.close()
             self.checkpoint.close()
+            with self.shared.cond:
+                log.info("%s", self.shared.delivery.summary(self.shared.sent_lines, self.shared.sent_batches))
         return exit_code
 
     def _install_signals(self) -> None:

@@ -6,10 +6,14 @@ after a stall makes the job running again; a stalled job killed later died of th
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
+from service.app import _every
 from service.context import Context
 from service.ledger import ChunkRef, checksum
 from service.live import LiveJobs
@@ -134,3 +138,28 @@ def test_the_sweep_finds_silent_jobs_and_leaves_busy_ones(live) -> None:
     assert live_jobs.sweep() == 1
     assert quiet.view().status == "stalled" and busy.view().status == "running"
     assert live_jobs.sweep() == 0, "marked once"
+
+
+def test_a_sweep_while_the_database_is_down_is_one_warning_not_a_traceback(caplog) -> None:
+    failures = [OperationalError("SELECT 1", {}, ConnectionRefusedError("connection refused")), ValueError("a bug")]
+
+    def sweep() -> None:
+        if failures:
+            raise failures.pop(0)
+
+    def logged() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "service.app"]
+
+    async def rounds() -> None:
+        task = asyncio.create_task(_every(0, sweep))
+        while len(logged()) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with caplog.at_level(logging.WARNING, logger="service.app"):
+        asyncio.run(rounds())
+    down, bug = logged()
+    assert down.levelno == logging.WARNING and down.exc_info is None
+    assert down.getMessage() == "periodic sweep skipped: database unavailable (OperationalError)"
+    assert bug.levelno == logging.ERROR and bug.exc_info is not None, "any other failure keeps its traceback"

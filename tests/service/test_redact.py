@@ -58,3 +58,23 @@ def test_a_job_state_snapshot_holds_no_secret() -> None:
     run.feed("rank0.log", ("\n".join(line for line, _ in SECRETS) + "\n").encode())
     blob = run.snapshot()
     assert not [secret for secret in secrets if secret.encode() in blob]
+
+
+def test_a_private_key_in_a_live_jobs_tail_stays_masked_across_lines_and_appends() -> None:
+    """The tail is redacted as a stream: the body of a key block (no trigger word of its own)
+    is masked, also when the block began in an earlier append or before the tail's lines."""
+    from service.pipeline import TAIL_LINES, JobMeta, JobRun
+    from service.rulebook import Rulebook
+
+    body = ["MIIEowIBAAKCAQEAvJ3kQ8vN2pLm5tR7wX1cB4nM6jH9gF0dS2aQyZ3k", "Q8vN2pLm5tR7wX1cB4nM6jH9gF0dS2aQyZ3kQ8vN"]
+    run = JobRun(Rulebook(), JobMeta(name="gpt-7b-20250301-ab12cd"))
+    filler = [f"[default0]: iteration {i:8d}/  100000 | lm loss: 6.2E+00 |" for i in range(2 * TAIL_LINES)]
+    head = ["deploy key loaded:", "-----BEGIN RSA PRIVATE KEY-----", body[0]]
+    run.feed("rank0.log", ("\n".join(head) + "\n").encode())
+    # the rest of the block in the next append, behind more lines than the tail holds
+    run.feed("rank0.log", ("\n".join([body[1], *filler[:TAIL_LINES + 5], body[0], "-----END RSA PRIVATE KEY-----",
+                                      *filler[:3]]) + "\n").encode())
+    tail = list(run.sources["rank0.log"].tail)
+    assert tail[-5:] == [MASK, "-----END RSA PRIVATE KEY-----", *filler[:3]]
+    blob = run.snapshot()
+    assert not [part for part in body if part.encode() in blob]

@@ -7,10 +7,12 @@ reader's buffer bound in-process. Waits poll observable state with deadlines."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,9 +22,9 @@ import pytest
 
 from service.cli import main, split_command
 from service.settings import Settings
-from service.shipper import Checkpoint
+from service.shipper import Checkpoint, Latencies, Sender, Shared
 from service.sidecar import Sidecar, SidecarConfig, default_state_dir
-from service.tailer import TailConfig
+from service.tailer import Batch, TailConfig
 from tests.service.test_live_api import ECC, iteration, text
 from tests.support.server import ServerProcess, free_port, running_server
 
@@ -99,6 +101,21 @@ def test_it_runs_the_command_tees_its_output_and_reports_the_exit_status(server:
     assert final["lines_received"] == 63
     assert ECC.encode() in out, "the command's output is echoed"
     assert tee.read_bytes().count(b"\n") == 63
+    summary = re.search(r"delivered (\d+) lines in (\d+) batches; acknowledgement p50 [\d.]+ s, p99 [\d.]+ s, "
+                        r"max [\d.]+ s; read to acknowledgement p50 [\d.]+ s, p99 [\d.]+ s, max [\d.]+ s; "
+                        r"(\d+) retries", err.decode())
+    assert summary, err.decode()
+    assert int(summary.group(1)) == 63 and int(summary.group(2)) >= 1 and summary.group(3) == "0"
+
+
+def test_delivery_times_are_a_bounded_uniform_sample() -> None:
+    times = Latencies(keep=100)
+    for i in range(10_000):
+        times.add(i / 1000)
+    assert len(times.samples) == 100 and times.count == 10_000 and times.largest == 9.999
+    # a uniform sample of 0..10 s: its median is near 5 s, not stuck on the first 100 values
+    assert 3.5 < times.percentile(0.5) < 6.5 and times.percentile(0.99) > 8.5
+    assert Latencies().describe() == "none" and Latencies().percentile(0.5) is None
 
 
 def test_from_end_skips_old_lines_and_new_files_are_found(server: str, tmp_path: Path) -> None:
@@ -256,3 +273,35 @@ def test_open_batches_of_many_files_never_block_the_buffer(tmp_path: Path) -> No
         sidecar.tailer.close()
         sidecar.checkpoint.close()
     assert delivered == expected
+
+
+def test_a_sender_that_fell_behind_joins_the_batches_of_a_file(tmp_path: Path) -> None:
+    """Each request has a fixed cost on the server: queued batches that continue one file go
+    in one request, up to the batch size, never past a partial line or across a resync."""
+
+    def batch(file: str, offset: int, body: bytes, *, read_at: float = 1.0, epoch: int = 0) -> Batch:
+        return Batch(f"logs/{file}.log", file, offset, offset + len(body), body, read_at, epoch, False)
+
+    config = SidecarConfig(server="http://127.0.0.1:9", job_name="gpt-7b", paths=("logs/*.log",),
+                           state_dir=tmp_path, tail=TailConfig(batch_bytes=1024))
+    shared, checkpoint = Shared(), Checkpoint(tmp_path / "state")
+    sender = Sender(config, shared, checkpoint, threading.Event())
+    a1, b1, a2 = batch("a", 0, b"one\ntwo\n"), batch("b", 0, b"x\n"), batch("a", 8, b"three\n", read_at=2.0)
+    a3, a4 = batch("a", 14, b"fou", read_at=3.0), batch("a", 17, b"r\n")  # a partial line sent on its timeout
+    shared.queue.extend([a1, b1, a2, a3, a4])
+    with shared.cond:
+        joined = sender.coalesce()
+    assert (joined.source, joined.file_id, joined.offset, joined.end) == ("logs/a.log", "a", 0, 17)
+    assert joined.body == b"one\ntwo\nthree\nfou" and joined.read_at == 3.0, "dated by its newest bytes"
+    assert list(shared.queue) == [joined, b1, a4]
+
+    big = [batch("c", i * 600, b"x" * 599 + b"\n") for i in range(2)]
+    resynced = [batch("d", 0, b"y\n"), batch("d", 2, b"z\n", epoch=1)]
+    gap = [batch("e", 0, b"y\n"), batch("e", 5, b"z\n")]
+    for parts in (big, resynced, gap):
+        shared.queue.clear()
+        shared.queue.extend(parts)
+        with shared.cond:
+            assert sender.coalesce() is parts[0] and list(shared.queue) == parts
+    sender.client.close()
+    checkpoint.close()
