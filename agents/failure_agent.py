@@ -91,7 +91,7 @@ _TO_THE_AGENT = re.compile(
     r"|\byou are (?:an?|the) (?:ai|assistant|model|llm|agent)\b|\bsystem prompt\b|\bas an ai\b"
     r"|\b(?:assistant|llm|ai agent)s?\s*[:,]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-_WARNING = re.compile(r"\b[A-Z]\w*Warning: |^\s*(?:WARNING|WARN)\b|\[W\d{4} ")
+_WARNING = re.compile(r"\b[A-Z]\w*Warning: |^\s*(?:WARNING|WARN)\b|\[WARNING\]|\[W(?:\d{3,4} | \w)")
 """Python's and loggers' warnings: they report something that went on working."""
 _NODE_IN_TEXT = re.compile(r"\b(?:node name|node|host|address|peer)[:=]?\s+(?P<node>[A-Za-z0-9][\w.-]*\d[\w.-]*?)(?=[<:\s,;)]|$)")
 """A node the message itself names (`node name: 10.4.0.17`, `connect to host gpu-a07`,
@@ -235,6 +235,26 @@ def _candidate(chunk: Chunk, result: Vote | None) -> Candidate | None:
     if result.similarity < SURE_SIMILARITY and TIER_RANK[tier] > TIER_RANK[Tier.GENERIC]:
         tier = Tier.GENERIC
     return Candidate(chunk, result, result.reason, result.origin, tier, False)
+
+
+def _outweighs_rules(run: JobRun, diagnosis: Diagnosis, decision: Decision) -> bool:
+    """Whether the agent's line may replace the root cause the rules named.
+
+    The agent is asked because the rules' answer is weak (a symptom such as an NCCL timeout,
+    a generic error with a rival), not because it is wrong: it replaces that answer only with
+    a line of a stronger tier than the rules' own line, and at least a recognised cause. A
+    line the knowledge base only loosely recognises (generic) never overrides a rule.
+    """
+    root = diagnosis.root_cause
+    if root is None or root.reason == "unknown" or not root.source.startswith("rule:"):
+        return True
+    if decision.line.text == root.line:
+        return True
+    rule_id = root.source.removeprefix("rule:")
+    rule = next((f.rule for f in run.classifier.found.values() if f.rule.id == rule_id), None)
+    rule_rank = TIER_RANK[rule.tier] if rule is not None else TIER_RANK[Tier.CAUSE]
+    rank = TIER_RANK[decision.tier]
+    return rank > rule_rank and rank >= TIER_RANK[Tier.CAUSE]
 
 
 def choose(candidates: Sequence[Candidate]) -> Candidate | None:
@@ -382,6 +402,9 @@ class FailureAgent:
         report = {"backend": decision.backend if decision else "embedded", "chunks": len(retrieval.chunks),
                   "embedded": len(retrieval.embedded), "candidates": len(retrieval.candidates),
                   "llm_attempts": attempts, "llm_problems": problems}
+        if decision is not None and not _outweighs_rules(run, diagnosis, decision):
+            report["kept_rules"] = f"{decision.reason} ({decision.tier.value}) does not outweigh the rules' evidence"
+            decision = None
         self.reports.append(report)
         if decision is None:
             self._report(report)
