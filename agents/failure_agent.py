@@ -254,6 +254,8 @@ def _outweighs_rules(run: JobRun, diagnosis: Diagnosis, decision: Decision) -> b
     rule = next((f.rule for f in run.classifier.found.values() if f.rule.id == rule_id), None)
     rule_rank = TIER_RANK[rule.tier] if rule is not None else TIER_RANK[Tier.CAUSE]
     rank = TIER_RANK[decision.tier]
+    if decision.reason == root.reason:
+        return rank >= rule_rank  # it agrees, and may name another occurrence (another rank's line)
     return rank > rule_rank and rank >= TIER_RANK[Tier.CAUSE]
 
 

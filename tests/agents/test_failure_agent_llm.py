@@ -207,3 +207,15 @@ def test_the_answer_may_name_any_occurrence_of_a_shape(ctx, scripted_llm) -> Non
     assert d["root_cause"]["reason"] == "nccl_timeout" and d["root_cause"]["source"] == "failure_agent"
     assert d["agent"]["write_back"]["status"] == "skipped"  # a rule already knows that line
     scripted_llm.assert_complete()
+
+
+def test_an_answer_naming_another_symptom_leaves_the_rules_answer(ctx, scripted_llm) -> None:
+    """The model calls the remote-error line (a symptom, like the rules' NCCL timeout) the
+    root cause: a symptom does not outweigh a symptom, so the rules' diagnosis stands."""
+    lines = EFA.read_text().splitlines()
+    number, line = next((n, text) for n, text in enumerate(lines, 1) if "DistBackendError: NCCL error" in text)
+    scripted_llm.add(answer(number, line, reason="nccl_remote_error"))
+    d = diagnose(ctx, EFA)
+    assert d["root_cause"]["source"] == "rule:nccl.watchdog-timeout" and d["root_cause"]["reason"] == "nccl_timeout"
+    assert d["suggested_rules"] == []
+    scripted_llm.assert_complete()
