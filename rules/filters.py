@@ -288,10 +288,10 @@ class FilterStream:
         self._count[k] += n
         self._last[k] = self.lines_in
         if self.program.extractors[k] is not None:
-            self._extract(k, data, start, stop, first_line, n, 0, n)
+            self._extract(k, data, start, stop, first_line, n, 0, n, n)
 
     def _extract(self, k: int, data: bytes, start: int, stop: int, first_line: int,
-                 lines_per: int, offset: int, n: int) -> None:
+                 lines_per: int, offset: int, n: int, total: int) -> None:
         """Read progress from rule k's lines in data[start:stop]: in every period of
         `lines_per` lines, the `n` lines from `offset` on (a plain run is one period).
 
@@ -303,10 +303,9 @@ class FilterStream:
         """
         extractor = self.program.extractors[k]
         if not extractor.sampled or self.sample_bytes <= 0 or self.bytes_in < self.sample_after:
-            self._extract_lines(k, data, start, stop, first_line, lines_per, offset, n, None)
+            self._extract_lines(k, data, start, stop, first_line, lines_per, offset, n, total, None)
             return
         self._budget[k] += stop - start
-        total = data.count(b"\n", start, stop)
         if self._budget[k] < self.sample_bytes:
             # not yet: remember the last line, read at the end of the buffer if still last
             index = _last_in_period(total - 1, lines_per, offset, n)
@@ -315,17 +314,17 @@ class FilterStream:
         samples = max(1, min(self._budget[k] // self.sample_bytes, MAX_SAMPLES_PER_RUN))
         self._budget[k] = 0
         self._pending.pop(k, None)
-        self._extract_lines(k, data, start, stop, first_line, lines_per, offset, n, (samples, total))
+        self._extract_lines(k, data, start, stop, first_line, lines_per, offset, n, total, samples)
 
     def _extract_lines(self, k: int, data: bytes, start: int, stop: int, first_line: int,
-                       lines_per: int, offset: int, n: int, sampling: tuple[int, int] | None) -> None:
+                       lines_per: int, offset: int, n: int, total: int, samples: int | None) -> None:
+        """`total`: the lines in data[start:stop]; `samples`: how many to read (None: all)."""
         extractor = self.program.extractors[k]
-        if sampling is None:
-            repeats = data.count(b"\n", start, stop) // lines_per
+        if samples is None:
+            repeats = total // lines_per
             indexes = [p * lines_per + offset + j for p in range(repeats) for j in range(n)]
             total = repeats * lines_per
         else:
-            samples, total = sampling
             step = total / samples
             indexes = sorted({_last_in_period(int(step * (i + 1)) - 1, lines_per, offset, n) for i in range(samples)})
             indexes = [i for i in indexes if i >= 0]
@@ -333,7 +332,7 @@ class FilterStream:
             numbers, columns = extractor.columns(data, start, stop, range(first_line, first_line + total), first_line)
             texts = None
         else:
-            lines = _lines_at(data, start, stop, indexes)
+            lines = _lines_at(data, start, stop, indexes, total)
             numbers, columns = extractor.columns_of(lines, [first_line + i for i in indexes])
             texts = dict(zip((first_line + i for i in indexes), lines, strict=True))
         if numbers:
@@ -402,7 +401,7 @@ class FilterStream:
             self._last[k] = max(self._last[k], base + (repeats - 1) * lines_per + offset + n)
             if self.program.extractors[k] is not None:
                 # a metric rule's lines sit at fixed offsets within each period
-                self._extract(k, data, start, stop, base + 1, lines_per, offset, n)
+                self._extract(k, data, start, stop, base + 1, lines_per, offset, n, total)
             offset += n
         self.lines_in += total
 
@@ -417,35 +416,31 @@ def _last_in_period(index: int, lines_per: int, offset: int, n: int) -> int:
     return index
 
 
-def _lines_at(data: bytes, start: int, stop: int, indexes: Sequence[int]) -> list[bytes]:
-    """The lines of data[start:stop] at the given increasing indexes (without newlines)."""
-    out, pos, at = [], start, 0
-    find, count = data.find, data.count
+def _lines_at(data: bytes, start: int, stop: int, indexes: Sequence[int], total: int) -> list[bytes]:
+    """The lines of data[start:stop] at the given increasing indexes (without newlines).
+
+    Sampled indexes lie far apart in a block of similar lines: jump by the block's mean line
+    length, count the newlines of the span jumped (in C), and walk the last few lines. Each
+    byte is counted about once, however many lines are asked for.
+    """
+    out: list[bytes] = []
+    pos, at = start, 0
+    find, rfind, count = data.find, data.rfind, data.count
+    mean = max(1.0, (stop - start) / max(1, total))
     for index in indexes:
-        if index - at > 64:
-            # skip far ahead in C: find the index-th newline by counting in halving windows
-            pos, at = _seek_line(data, pos, stop, at, index)
+        while index - at > 64:
+            guess = min(stop, pos + int((index - at) * mean * 0.9))
+            cut = rfind(b"\n", pos, guess) + 1
+            if cut <= pos:
+                break
+            jumped = count(b"\n", pos, cut)
+            if at + jumped > index:
+                mean /= 2  # lines shorter here than on average: jump less far
+                continue
+            pos, at = cut, at + jumped
         while at < index:
             pos = find(b"\n", pos, stop) + 1
             at += 1
         end = find(b"\n", pos, stop)
         out.append(data[pos:end])
     return out
-
-
-def _seek_line(data: bytes, pos: int, stop: int, at: int, index: int) -> tuple[int, int]:
-    """Advance from (pos, line at) towards line `index` without passing it."""
-    count = data.count
-    width = max(4096, (stop - pos) // 2)
-    while index - at > 64 and width >= 4096:
-        probe = min(stop, pos + width)
-        cut = data.rfind(b"\n", pos, probe) + 1
-        if cut <= pos:
-            width //= 2
-            continue
-        lines = count(b"\n", pos, cut)
-        if at + lines <= index:
-            pos, at = cut, at + lines
-        else:
-            width //= 2
-    return pos, at
