@@ -106,10 +106,13 @@ class LineSplitter:
                 return b""
             chunk = chunk[nl + 1:]
             self._skipping = False
-        data = self._tail + chunk if self._tail else chunk
-        cut = data.rfind(b"\n") + 1
-        self._tail = data[cut:]
-        whole = data[:cut]
+        cut = chunk.rfind(b"\n") + 1
+        if cut == 0:
+            whole, self._tail = b"", self._tail + chunk
+        else:
+            # one copy of the chunk's whole lines (slicing then adding would copy them twice)
+            whole = b"".join((self._tail, memoryview(chunk)[:cut])) if (self._tail or cut < len(chunk)) else chunk
+            self._tail = chunk[cut:]
         if len(self._tail) > self.max_line:
             # keep the head of the giant line as a line of its own, drop the rest of it
             whole += self._tail[: self.max_line] + b"\n"

@@ -219,7 +219,7 @@ class JobRun:
         # raw lines (kept or not) end up in a live job's stored state: redacted too, in one
         # pass over the tail (a live append's fixed cost: per line, it was a third of it)
         redactor = run.tail_redactor
-        if start > 0 and (redactor.in_key or b"PRIVATE KEY" in buffer[:start]):
+        if start > 0 and (redactor.in_key or buffer.find(b"PRIVATE KEY", 0, start) >= 0):  # no copy of the buffer
             for line in buffer[:start].decode("utf-8", "replace").splitlines():
                 redactor.redact(line)  # a key block opens or closes before the tail: follow it
         run.tail.extend(redactor.redact_many(buffer[start + 1:].decode("utf-8", "replace").splitlines()))
