@@ -26,6 +26,7 @@ from rules.envelope import ENVELOPE_PATTERN
 from rules.extract import Columns, FieldError, FieldExtractor, non_capturing
 from rules.guard import ErrorGuard
 from rules.model import FilterRule, KeptLine, RuleStats
+from rules.simplify import line_language
 
 _ANCHOR_START = re2._Anchor.ANCHOR_START
 _ANCHOR_BOTH = re2._Anchor.ANCHOR_BOTH
@@ -54,7 +55,7 @@ def _re2_options() -> re2.Options:
 
 
 def _line_program(pattern: str) -> str:
-    return "%s(?:%s)" % (ENVELOPE_PATTERN, non_capturing(pattern))
+    return "%s(?:%s)" % (ENVELOPE_PATTERN, non_capturing(line_language(pattern)))
 
 
 def _compile_re2(pattern: str):
