@@ -7,38 +7,40 @@ import argparse
 import json
 import resource
 import time
+from collections.abc import Iterator
 
 from rules.filters import FilterProgram, FilterStream
 from rules.guard import ErrorGuard
 from rules.packs import builtin_filter_rules
 from rules.progress import ProgressTracker
-from service.ingest import CHUNK_BYTES
+from service.ingest import CHUNK_BYTES, iter_line_buffers, reuse_freed_buffers
+
+
+def _read_range(path: str, start: int, stop: int | None) -> Iterator[bytes]:
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        remaining = None if stop is None else stop - start
+        while remaining is None or remaining > 0:
+            chunk = handle.read(CHUNK_BYTES if remaining is None else min(CHUNK_BYTES, remaining))
+            if not chunk:
+                return
+            if remaining is not None:
+                remaining -= len(chunk)
+            yield chunk
 
 
 def run(path: str, start: int, stop: int | None) -> dict:
+    reuse_freed_buffers()  # as `faultline diagnose` does
     program = FilterProgram(builtin_filter_rules(), ErrorGuard())
     tracker = ProgressTracker()
     stream = FilterStream(program, on_progress=tracker.observe)
     kept = error_like = 0
     began = time.perf_counter()
-    with open(path, "rb") as handle:
-        handle.seek(start)
-        remaining = None if stop is None else stop - start
-        tail = b""
-        while remaining is None or remaining > 0:
-            chunk = handle.read(CHUNK_BYTES if remaining is None else min(CHUNK_BYTES, remaining))
-            if not chunk:
-                break
-            if remaining is not None:
-                remaining -= len(chunk)
-            data = tail + chunk
-            cut = data.rfind(b"\n") + 1
-            tail = data[cut:]
-            for line in stream.feed(data[:cut]):
-                kept += 1
-                error_like += line.error_like
-        if tail:
-            kept += len(stream.feed(tail + b"\n"))
+    # the same line splitting as `faultline diagnose` (service/ingest.py), over a byte range
+    for buffer in iter_line_buffers(_read_range(path, start, stop), gzip=False):
+        for line in stream.feed(buffer):
+            kept += 1
+            error_like += line.error_like
     seconds = time.perf_counter() - began
     return {
         "seconds": seconds, "bytes": stream.bytes_in, "lines": stream.lines_in, "kept": kept,

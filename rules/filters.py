@@ -289,12 +289,11 @@ class FilterStream:
         self._count[k] += n
         self._last[k] = self.lines_in
         if self.program.extractors[k] is not None:
-            self._extract(k, data, start, stop, first_line, n, 0, n, n)
+            self._extract(k, _Span(data, start, stop, n), first_line, n, 0, n)
 
-    def _extract(self, k: int, data: bytes, start: int, stop: int, first_line: int,
-                 lines_per: int, offset: int, n: int, total: int) -> None:
-        """Read progress from rule k's lines in data[start:stop]: in every period of
-        `lines_per` lines, the `n` lines from `offset` on (a plain run is one period).
+    def _extract(self, k: int, span: _Span, first_line: int, lines_per: int, offset: int, n: int) -> None:
+        """Read progress from rule k's lines in the span: in every period of `lines_per`
+        lines, the `n` lines from `offset` on (a plain run is one period).
 
         Dense metric lines are sampled, at most one per SAMPLE_BYTES of log, and the last
         one of a run always: a Megatron job with --log-interval 1 prints an iteration line
@@ -304,46 +303,42 @@ class FilterStream:
         """
         extractor = self.program.extractors[k]
         if not extractor.sampled or self.sample_bytes <= 0 or self.bytes_in < self.sample_after:
-            self._extract_lines(k, data, start, stop, first_line, lines_per, offset, n, total, None)
+            self._extract_every_line(k, span, first_line, lines_per, offset, n)
             return
-        self._budget[k] += stop - start
+        self._budget[k] += span.stop - span.start
         if self._budget[k] < self.sample_bytes:
             # not yet: remember the last line, read at the end of the buffer if still last
+            total = span.total
             index = _last_in_period(total - 1, lines_per, offset, n)
-            self._pending[k] = (first_line + index, _line_at(data, start, stop, index, total - 1 - index))
+            self._pending[k] = (first_line + index, _line_at(span.data, span.start, span.stop, index, total - 1 - index))
             return
         samples = max(1, min(self._budget[k] // self.sample_bytes, MAX_SAMPLES_PER_RUN))
         self._budget[k] = 0
         self._pending.pop(k, None)
-        self._extract_lines(k, data, start, stop, first_line, lines_per, offset, n, total, samples)
-
-    def _extract_lines(self, k: int, data: bytes, start: int, stop: int, first_line: int,
-                       lines_per: int, offset: int, n: int, total: int, samples: int | None) -> None:
-        """`total`: the lines in data[start:stop]; `samples`: how many to read (None: all)."""
-        extractor = self.program.extractors[k]
-        if samples is None:
-            repeats = total // lines_per
-            indexes = [p * lines_per + offset + j for p in range(repeats) for j in range(n)]
-            total = repeats * lines_per
-        else:
-            step = total / samples
-            indexes = sorted({_last_in_period(int(step * (i + 1)) - 1, lines_per, offset, n) for i in range(samples)})
-            indexes = [i for i in indexes if i >= 0]
-        if len(indexes) == total and lines_per == n:
-            numbers, columns = extractor.columns(data, start, stop, range(first_line, first_line + total), first_line)
-            texts = None
-        else:
-            lines = _lines_at(data, start, stop, indexes, total)
-            numbers, columns = extractor.columns_of(lines, [first_line + i for i in indexes])
-            texts = dict(zip((first_line + i for i in indexes), lines, strict=True))
+        indexes, lines = _sampled_lines(span, samples, lines_per, offset, n)
+        numbers, columns = extractor.columns_of(lines, [first_line + i for i in indexes])
         if numbers:
+            texts = dict(zip((first_line + i for i in indexes), lines, strict=True))
+            self._on_progress(extractor.fields, numbers, columns, lambda number: texts[number].decode("utf-8", "replace"))
+
+    def _extract_every_line(self, k: int, span: _Span, first_line: int, lines_per: int, offset: int, n: int) -> None:
+        extractor = self.program.extractors[k]
+        data, start, stop, total = span.data, span.start, span.stop, span.total
+        if lines_per == n:
+            numbers, columns = extractor.columns(data, start, stop, range(first_line, first_line + total), first_line)
             last_line = first_line + total - 1
 
             def line_text(number: int) -> str:
-                if texts is not None:
-                    return texts[number].decode("utf-8", "replace")
                 return _line_at(data, start, stop, number - first_line, last_line - number).decode("utf-8", "replace")
+        else:
+            indexes = [p * lines_per + offset + j for p in range(total // lines_per) for j in range(n)]
+            lines = _lines_at(data, start, stop, indexes)
+            numbers, columns = extractor.columns_of(lines, [first_line + i for i in indexes])
+            texts = dict(zip((first_line + i for i in indexes), lines, strict=True))
 
+            def line_text(number: int) -> str:
+                return texts[number].decode("utf-8", "replace")
+        if numbers:
             self._on_progress(extractor.fields, numbers, columns, line_text)
 
     def _flush_pending(self) -> None:
@@ -393,16 +388,20 @@ class FilterStream:
         return program
 
     def _record_block(self, period, lines_per: int, data: bytes, start: int, stop: int) -> None:
-        total = data.count(b"\n", start, stop)
-        repeats = total // lines_per
         base = self.lines_in  # line number before the block
+        span = _Span(data, start, stop)
+        offset = 0
+        for k, n in period:
+            if self.program.extractors[k] is not None:
+                # a metric rule's lines sit at fixed offsets within each period
+                self._extract(k, span, base + 1, lines_per, offset, n)
+            offset += n
+        total = span.total  # after sampling, which counted the newlines up to its last line
+        repeats = total // lines_per
         offset = 0
         for k, n in period:
             self._count[k] += repeats * n
             self._last[k] = max(self._last[k], base + (repeats - 1) * lines_per + offset + n)
-            if self.program.extractors[k] is not None:
-                # a metric rule's lines sit at fixed offsets within each period
-                self._extract(k, data, start, stop, base + 1, lines_per, offset, n, total)
             offset += n
         self.lines_in += total
 
@@ -417,31 +416,65 @@ def _last_in_period(index: int, lines_per: int, offset: int, n: int) -> int:
     return index
 
 
-def _lines_at(data: bytes, start: int, stop: int, indexes: Sequence[int], total: int) -> list[bytes]:
-    """The lines of data[start:stop] at the given increasing indexes (without newlines).
-
-    Sampled indexes lie far apart in a block of similar lines: jump by the block's mean line
-    length, count the newlines of the span jumped (in C), and walk the last few lines. Each
-    byte is counted about once, however many lines are asked for.
-    """
+def _lines_at(data: bytes, start: int, stop: int, indexes: Sequence[int]) -> list[bytes]:
+    """The lines of data[start:stop] at the given increasing indexes (without newlines)."""
     out: list[bytes] = []
     pos, at = start, 0
-    find, rfind, count = data.find, data.rfind, data.count
-    mean = max(1.0, (stop - start) / max(1, total))
+    find = data.find
     for index in indexes:
-        while index - at > 64:
-            guess = min(stop, pos + int((index - at) * mean * 0.9))
-            cut = rfind(b"\n", pos, guess) + 1
-            if cut <= pos:
-                break
-            jumped = count(b"\n", pos, cut)
-            if at + jumped > index:
-                mean /= 2  # lines shorter here than on average: jump less far
-                continue
-            pos, at = cut, at + jumped
         while at < index:
             pos = find(b"\n", pos, stop) + 1
             at += 1
         end = find(b"\n", pos, stop)
         out.append(data[pos:end])
     return out
+
+
+class _Span:
+    """data[start:stop], whole lines, with its newlines counted at most about once: counting
+    up to increasing positions carries on from the last one, and the total from there."""
+
+    __slots__ = ("data", "start", "stop", "_pos", "_lines", "_total")
+
+    def __init__(self, data: bytes, start: int, stop: int, total: int | None = None):
+        self.data, self.start, self.stop = data, start, stop
+        self._pos, self._lines, self._total = start, 0, total
+
+    def lines_before(self, pos: int) -> int:
+        if pos < self._pos:  # asked out of order (a second metric rule in a block): recount
+            self._pos, self._lines = self.start, 0
+        self._lines += self.data.count(b"\n", self._pos, pos)
+        self._pos = pos
+        return self._lines
+
+    @property
+    def total(self) -> int:
+        if self._total is None:
+            self._total = self.lines_before(self.stop)
+        return self._total
+
+
+def _sampled_lines(span: _Span, samples: int, lines_per: int, offset: int,
+                   n: int) -> tuple[list[int], list[bytes]]:
+    """About `samples` of the span's metric lines, evenly spread by bytes, the last always:
+    (their indexes in the span, their text). A sample point falls in some line; the metric
+    line taken is the last one at or before it (in a block, the metric lines sit at known
+    offsets of each period). Counting the newlines between sample points is the only pass
+    over the bytes, and it is the one the block's own line count continues."""
+    data, start, stop = span.data, span.start, span.stop
+    rfind, find = data.rfind, data.find
+    size = stop - start
+    indexes: list[int] = []
+    lines: list[bytes] = []
+    for j in range(1, samples + 1):
+        point = start + size * j // samples - 1
+        line_start = max(start, rfind(b"\n", start, point) + 1)  # rfind gives -1 in the first line
+        index = span.lines_before(line_start)
+        target = _last_in_period(index, lines_per, offset, n)
+        if target < 0 or (indexes and target <= indexes[-1]):
+            continue
+        for _ in range(index - target):
+            line_start = max(start, rfind(b"\n", start, line_start - 1) + 1)
+        indexes.append(target)
+        lines.append(data[line_start:find(b"\n", line_start, stop)])
+    return indexes, lines

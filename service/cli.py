@@ -12,6 +12,7 @@ from typing import Any, NoReturn, TextIO
 from rules.model import KeptLine
 from rules.verdict import Diagnosis
 from service.errors import FaultlineError
+from service.ingest import reuse_freed_buffers
 from service.pipeline import JobMeta, JobRun
 from service.settings import Settings, load_settings
 from service.sources import ProgressLine, check_readable, feed_path
@@ -162,6 +163,7 @@ def cmd_diagnose(args: argparse.Namespace, out: TextIO) -> int:
     if args.each and not args.json:
         raise _usage("--each needs --json (one JSON object per line)")
     check_readable(args.paths)
+    reuse_freed_buffers()
     settings = load_settings()
     with _context(settings) as ctx:
         meta = JobMeta(name=args.job_name, framework=args.framework)
@@ -178,6 +180,7 @@ def cmd_diagnose(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_compress(args: argparse.Namespace, out: TextIO) -> int:
     check_readable([args.path])
+    reuse_freed_buffers()
     settings = load_settings()
     meta = JobMeta(name=args.job_name, framework=args.framework)
     with _context(settings) as ctx:

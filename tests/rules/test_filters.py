@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rules.envelope import ENVELOPE_PATTERN
-from rules.filters import FilterCompileError, FilterProgram, FilterStream
+from rules.filters import FilterCompileError, FilterProgram, FilterStream, _sampled_lines, _Span
 from rules.guard import ErrorGuard
 from rules.model import FilterRule
 from rules.progress import ProgressTracker
@@ -173,6 +173,26 @@ def test_dense_metric_lines_are_sampled_and_the_last_one_is_always_read(seed: in
         assert f"iteration {point.step:8d}/" in every[point.line_number]
     assert [c.step for c in tracker.checkpoints] == \
         [int(line.split("iteration")[1].split()[0]) for line in lines if "saved checkpoint" in line]
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=200),
+       shape=st.tuples(st.integers(1, 6), st.integers(0, 5), st.integers(1, 6)),
+       samples=st.integers(1, 20), lead=st.integers(0, 30))
+def test_sampled_metric_lines_are_the_lines_they_claim_to_be(lengths, shape, samples, lead) -> None:
+    lines_per, offset, n = shape
+    offset, n = offset % lines_per, min(n, lines_per - offset % lines_per)
+    count = len(lengths) - len(lengths) % lines_per or len(lengths)
+    body = [f"{i}:" + "x" * length for i, length in enumerate(lengths[:count])]
+    data = ("p" * lead + "\n" if lead else "").encode() + ("\n".join(body) + "\n").encode()
+    start = data.index(b"\n") + 1 if lead else 0  # the span need not begin at the buffer's start
+    indexes, texts = _sampled_lines(_Span(data, start, len(data)), samples, lines_per, offset, n)
+    assert indexes == sorted(set(indexes))
+    assert [t.decode() for t in texts] == [body[i] for i in indexes]
+    assert all(offset <= i % lines_per < offset + n for i in indexes)
+    metric = [i for i in range(len(body)) if offset <= i % lines_per < offset + n]
+    assert indexes[-1:] == metric[-1:], "the last metric line is always read"
+    assert len(indexes) <= samples
 
 
 def test_memory_of_the_stream_does_not_grow_with_the_log() -> None:
