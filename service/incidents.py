@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from agents.knowledge import Incident, StoredIncident, incident_id
@@ -24,7 +25,7 @@ from service import store
 from service.db import Database
 from service.errors import NotFound, Unprocessable
 from service.models import Incident as IncidentRow
-from service.models import Job, RuleRow
+from service.models import Job, RuleRow, utcnow
 from service.redact import redact_text
 
 CONFIDENT = 0.6
@@ -39,22 +40,33 @@ def row_to_incident(row: IncidentRow) -> Incident:
 
 
 def add_incidents(session: Session, incidents: Sequence[Incident]) -> int:
-    """Store incidents whose id is new; returns how many were added."""
-    if not incidents:
-        return 0
-    ids = [i.id for i in incidents]
-    known = set(session.scalars(select(IncidentRow.id).where(IncidentRow.id.in_(ids))).all())
-    added = 0
+    """Store incidents whose id is new; returns how many were added.
+
+    Replicas confirm the same failure at the same moment (two uploads of one job's log): a
+    look-then-insert let both insert, and the loser's upload failed with a duplicate key. The
+    insert itself skips an id that is there already, in the same statement.
+    """
+    rows: dict[str, dict[str, Any]] = {}
     for item in incidents:
-        if item.id in known:
-            continue
-        known.add(item.id)
-        session.add(IncidentRow(id=item.id, text=item.text[:MAX_TEXT_CHARS], reason=item.reason,
-                                category=item.category, origin=item.origin, tier=item.tier,
-                                mitigation=item.mitigation, confirmed_by=item.confirmed_by, job_id=item.job_id))
-        added += 1
-    session.flush()
-    return added
+        rows.setdefault(item.id, {
+            "id": item.id, "text": item.text[:MAX_TEXT_CHARS], "reason": item.reason, "category": item.category,
+            "origin": item.origin, "tier": item.tier, "mitigation": item.mitigation,
+            "confirmed_by": item.confirmed_by, "job_id": item.job_id, "embedding_model": "", "created_at": utcnow(),
+        })
+    if not rows:
+        return 0
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        statement = postgresql.insert(IncidentRow).on_conflict_do_nothing(index_elements=["id"])
+    elif dialect == "sqlite":
+        statement = sqlite.insert(IncidentRow).on_conflict_do_nothing(index_elements=["id"])
+    else:  # no portable ON CONFLICT: look, then insert (the race above stays possible there)
+        known = set(session.scalars(select(IncidentRow.id).where(IncidentRow.id.in_(list(rows)))).all())
+        session.add_all(IncidentRow(**row) for key, row in rows.items() if key not in known)
+        session.flush()
+        return len(rows) - len(known)
+    # RETURNING lists the rows inserted, not the ones skipped (both PostgreSQL and SQLite >= 3.35)
+    return len(session.execute(statement.values(list(rows.values())).returning(IncidentRow.id)).all())
 
 
 class DbIncidents:
