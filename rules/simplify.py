@@ -57,7 +57,8 @@ def _open_of_group_closing_at(pattern: str, closing: int) -> int | None:
 
 
 def _can_match_newline(group: str) -> bool:
-    """Conservative: True unless no part of the group can match a newline."""
+    """Conservative: True unless no part of the group can match a newline (a `(?s)` flag
+    anywhere in the pattern is refused by line_language itself)."""
     i = 0
     while i < len(group):
         c = group[i]
@@ -76,8 +77,6 @@ def _can_match_newline(group: str) -> bool:
                 return True
             i = end
             continue
-        if group.startswith("(?", i) and re.match(r"\(\?[a-zA-Z]*s", group[i:]):
-            return True
         i += 1
     return False
 

@@ -35,16 +35,7 @@ INDEX_FOLDER = "vector_index"
 def replay(rulebook: Rulebook, meta: JobMeta, kept: Sequence[KeptLine]) -> Diagnosis:
     """The rules' diagnosis of a job from its kept lines (no agent)."""
     run = JobRun(rulebook, meta)
-    batch: list[str] = []
-    current = None
-    for line in kept:
-        if line.source != current and batch:
-            run.feed(current, ("\n".join(batch) + "\n").encode("utf-8"))
-            batch = []
-        current = line.source
-        batch.append(line.text)
-    if batch:
-        run.feed(current, ("\n".join(batch) + "\n").encode("utf-8"))
+    run.feed_kept(kept)
     return run.finish()
 
 

@@ -25,7 +25,7 @@ from service import store
 from service.db import Database
 from service.errors import NotFound, Unprocessable
 from service.models import Incident as IncidentRow
-from service.models import Job, RuleRow, utcnow
+from service.models import Job, RuleRow
 from service.redact import redact_text
 
 CONFIDENT = 0.6
@@ -51,7 +51,7 @@ def add_incidents(session: Session, incidents: Sequence[Incident]) -> int:
         rows.setdefault(item.id, {
             "id": item.id, "text": item.text[:MAX_TEXT_CHARS], "reason": item.reason, "category": item.category,
             "origin": item.origin, "tier": item.tier, "mitigation": item.mitigation,
-            "confirmed_by": item.confirmed_by, "job_id": item.job_id, "embedding_model": "", "created_at": utcnow(),
+            "confirmed_by": item.confirmed_by, "job_id": item.job_id,
         })
     if not rows:
         return 0

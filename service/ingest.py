@@ -86,13 +86,9 @@ def reuse_freed_buffers() -> bool:
     commands only: a long-lived server would keep up to 64 MB it no longer needs.
     False where the C library is not glibc (nothing is changed there).
     """
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
     except (OSError, AttributeError):
-        return False
-    if mallopt is None:
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, 4 * CHUNK_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, 8 * CHUNK_BYTES))
 

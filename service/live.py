@@ -240,12 +240,19 @@ class LiveJobs:
         return self._ack(job_id, chunk, chunk.end, lines, total, duplicate=False)
 
     @staticmethod
-    def _live_job(session: Session, job_id: str) -> Job:
+    def _any_live_job(session: Session, job_id: str) -> Job:
+        """The live job, finished or not."""
         job = session.get(Job, job_id)
         if job is None:
             raise NotFound(f"no job {job_id!r}")
         if not job.live:
             raise Conflict(f"job {job_id} was not created as a live job (POST /jobs)", reason="not_live")
+        return job
+
+    @classmethod
+    def _live_job(cls, session: Session, job_id: str) -> Job:
+        """The live job, which must still be running."""
+        job = cls._any_live_job(session, job_id)
         if job.finished_at is not None:
             raise Conflict(f"job {job_id} has finished; it takes no more lines", reason="finished")
         return job
@@ -387,11 +394,7 @@ class LiveJobs:
 
     def _finish_once(self, job_id: str, exit_code: int | None) -> Job:
         with self.ctx.db.session() as session:
-            job = session.get(Job, job_id)
-            if job is None:
-                raise NotFound(f"no job {job_id!r}")
-            if not job.live:
-                raise Conflict(f"job {job_id} was not created as a live job (POST /jobs)", reason="not_live")
+            job = self._any_live_job(session, job_id)
             if job.finished_at is not None:
                 if exit_code is not None and job.exit_code is not None and exit_code != job.exit_code:
                     raise Conflict(f"job {job_id} already finished with exit code {job.exit_code}",

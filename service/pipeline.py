@@ -186,6 +186,20 @@ class JobRun:
             start = end
         return kept
 
+    def feed_kept(self, kept: Iterable[KeptLine]) -> None:
+        """Feed a job's stored kept lines again (a replay with other rules), one buffer per
+        consecutive stretch of one source."""
+        batch: list[str] = []
+        current = None
+        for line in kept:
+            if line.source != current and batch:
+                self.feed(current, ("\n".join(batch) + "\n").encode("utf-8"))
+                batch = []
+            current = line.source
+            batch.append(line.text)
+        if batch:
+            self.feed(current, ("\n".join(batch) + "\n").encode("utf-8"))
+
     def _feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:
         run = self.source(source)
         self.bytes_in += len(buffer) if raw_bytes is None else raw_bytes

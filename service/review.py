@@ -415,18 +415,10 @@ def _replay(rulebook: Rulebook, job: Job, kept: list[KeptLine]) -> tuple[JobRun,
     and, per source, the original line number of each line fed."""
     meta = JobMeta(name=job.name or "", framework=job.framework, tags=tuple(job.tags or ()))
     run = JobRun(rulebook, meta)
+    run.feed_kept(kept)
     numbers: dict[str, list[int]] = {}
-    batch: list[str] = []
-    current = None
     for line in kept:
-        if line.source != current and batch:
-            run.feed(current, ("\n".join(batch) + "\n").encode("utf-8"))
-            batch = []
-        current = line.source
-        batch.append(line.text)
         numbers.setdefault(line.source, []).append(line.line_number)
-    if batch:
-        run.feed(current, ("\n".join(batch) + "\n").encode("utf-8"))
     return run, run.finish().to_dict(), numbers
 
 
