@@ -14,10 +14,16 @@ router = APIRouter()
 
 @router.get("/healthz")
 def healthz(ctx: ContextDep) -> JSONResponse:
-    """Health of the service and its database: 503 while the database cannot be reached."""
+    """Health of the service and its database: 503 while the database cannot be reached.
+
+    `rules_version` is the rule set this worker answers with. It is brought up to date here,
+    as any request would: a worker that served no diagnosis since a rule was approved
+    elsewhere would otherwise report the set it last saw, not the one it now applies.
+    """
     try:
         with ctx.db.session() as session:
             session.execute(text("SELECT 1"))
+        ctx.rulebook.refresh()
     except SQLAlchemyError as exc:
         return JSONResponse({"status": "unhealthy", "database": type(exc).__name__,
                              "backend": ctx.db.backend}, status_code=503)

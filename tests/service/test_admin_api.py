@@ -408,3 +408,14 @@ def test_export_filters_by_kind_and_status(server: str) -> None:
     pending = yaml.safe_load(admin(server, "GET", "/admin/rules/export", params={"status": "pending"}).text)
     assert pending["rules"] and {r["status"] for r in pending["rules"]} == {"pending"}
     assert admin(server, "GET", "/admin/rules/export", params={"status": "maybe"}).status_code == 422
+
+
+def test_healthz_reports_the_rules_a_replica_applies_even_before_its_next_diagnosis(tmp_path: Path) -> None:
+    # two services on one database; b serves no diagnosis between the approval on a and its
+    # /healthz (a worker that had been idle reported the rule set it last saw)
+    with running_server(settings_for(tmp_path / "shared")) as a, running_server(settings_for(tmp_path / "shared")) as b:
+        before = httpx.get(f"{b}/healthz", timeout=10).json()["rules_version"]
+        r = admin(a, "POST", "/admin/rules/import", params={"status": "active"},
+                  content=yaml.safe_dump({"rules": [FABRIC_RULE]}))
+        assert r.status_code == 200 and r.json()["created"] == [FABRIC_RULE["id"]], r.text
+        assert httpx.get(f"{b}/healthz", timeout=10).json()["rules_version"] > before
