@@ -22,6 +22,7 @@ from service.metrics import LatencyMiddleware, Metrics
 from service.notify import Deliverer, Outbox
 from service.routes import admin, admin_web, diagnose, health, jobs, metrics
 from service.settings import Settings, load_settings
+from service.threads import in_thread
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ async def _every(seconds: float, work: Callable[[], object]) -> None:
     while True:
         await asyncio.sleep(seconds)
         try:
-            await asyncio.to_thread(work)
+            await in_thread(work)
         except (OperationalError, PoolTimeout) as exc:
             log.warning("periodic %s skipped: database unavailable (%s)", name, type(exc).__name__)
         except Exception:

@@ -30,6 +30,7 @@ from service.db import Database
 from service.metrics import Metrics
 from service.models import Job, Notification, utcnow
 from service.settings import Settings
+from service.threads import in_thread
 
 log = logging.getLogger(__name__)
 
@@ -178,10 +179,10 @@ class Deliverer:
         return f"HTTP {response.status_code}"
 
     async def deliver_due(self, client: httpx.AsyncClient) -> int:
-        claimed = await asyncio.to_thread(self.claim)
+        claimed = await in_thread(self.claim)
         for nid, attempt, event, body in claimed:
             error = await self.send(client, nid, event, body)
-            await asyncio.to_thread(self.settle, nid, attempt, event, error)
+            await in_thread(self.settle, nid, attempt, event, error)
         return len(claimed)
 
     async def run(self, wake: asyncio.Event, *, tick_s: float = 1.0) -> None:
