@@ -1,7 +1,7 @@
 """The Failure Agent: diagnoses the failures the rules cannot, and writes rules back.
 
 It runs at the end of a job when no rule resolved the failure or the rules are not sure
-(`service.pipeline.FailureAgentHook`). Retrieval, then a decision, then write-back:
+(`rules.job.FailureAgentHook`). Retrieval, then a decision, then write-back:
 
 1. **Retrieval.** The compressed log (what the filter kept, already redacted) is cut into
    chunks: the lines of one shape (values masked) with their line numbers, files, ranks and
@@ -48,10 +48,10 @@ from rules.envelope import split_envelope
 from rules.locate import locate
 from rules.model import TIER_RANK, DiagnosisRule, KeptLine, Tier
 from rules.taxonomy import REASONS, Action, Origin, reason
-from rules.verdict import Diagnosis, RootCauseView
+from rules.verdict import Diagnosis, RootCauseView, rule_id_of
 
 if TYPE_CHECKING:
-    from service.pipeline import JobRun
+    from rules.job import JobView
 
 MAX_CHUNKS = 3000
 """Distinct line shapes embedded per job: error-like and rule-matched ones first, then others."""
@@ -237,7 +237,7 @@ def _candidate(chunk: Chunk, result: Vote | None) -> Candidate | None:
     return Candidate(chunk, result, result.reason, result.origin, tier, False)
 
 
-def _outweighs_rules(run: JobRun, diagnosis: Diagnosis, decision: Decision) -> bool:
+def _outweighs_rules(job: JobView, diagnosis: Diagnosis, decision: Decision) -> bool:
     """Whether the agent's line may replace the root cause the rules named.
 
     The agent is asked because the rules' answer is weak (a symptom such as an NCCL timeout,
@@ -246,12 +246,12 @@ def _outweighs_rules(run: JobRun, diagnosis: Diagnosis, decision: Decision) -> b
     line the knowledge base only loosely recognises (generic) never overrides a rule.
     """
     root = diagnosis.root_cause
-    if root is None or root.reason == "unknown" or not root.source.startswith("rule:"):
+    if root is None or root.reason == "unknown" or rule_id_of(root.source) is None:
         return True
     if decision.line.text == root.line:
         return True
-    rule_id = root.source.removeprefix("rule:")
-    rule = next((f.rule for f in run.classifier.found.values() if f.rule.id == rule_id), None)
+    rule_id = rule_id_of(root.source)
+    rule = next((f.rule for f in job.found.values() if f.rule.id == rule_id), None)
     rule_rank = TIER_RANK[rule.tier] if rule is not None else TIER_RANK[Tier.CAUSE]
     rank = TIER_RANK[decision.tier]
     if decision.reason == root.reason:
@@ -367,14 +367,14 @@ def _clean_mitigation(text: str) -> str:
 
 # -- the agent ---------------------------------------------------------------------------------
 class WriteBackSink(Protocol):
-    def suggest(self, run: JobRun, decision: Decision, retrieval: Retrieval, mitigation: str) -> dict[str, Any]:
+    def suggest(self, job: JobView, decision: Decision, retrieval: Retrieval, mitigation: str) -> dict[str, Any]:
         """Synthesise, validate and store a rule for the decision; returns what happened
         (`status`: pending, active, exists, refused; `id`, `pattern`, `reason`)."""
 
 
 @dataclass
 class FailureAgent:
-    """Implements service.pipeline.FailureAgentHook."""
+    """Implements rules.job.FailureAgentHook."""
 
     knowledge: KnowledgeBase
     embedder: Embedder
@@ -389,14 +389,14 @@ class FailureAgent:
     on_report: Callable[[dict[str, Any]], None] | None = None
     """Called with each job's report once the agent is done with it: for metrics."""
 
-    def diagnose(self, run: JobRun, diagnosis: Diagnosis) -> Diagnosis | None:
-        lines = run.compressed.lines()
+    def diagnose(self, job: JobView, diagnosis: Diagnosis) -> Diagnosis | None:
+        lines = job.kept_lines()
         if not lines:
             return None
-        retrieval = retrieve(lines, run.classifier.program, self.knowledge, self.embedder, max_chunks=self.max_chunks)
+        retrieval = retrieve(lines, job.diagnosis_program, self.knowledge, self.embedder, max_chunks=self.max_chunks)
         decision, problems, attempts = None, [], 0
         if self.llm is not None and retrieval.candidates:
-            decision, problems, attempts = self._ask(run, diagnosis, retrieval)
+            decision, problems, attempts = self._ask(job, diagnosis, retrieval)
         if decision is None:
             decision = self._embedded(retrieval)
             if decision is not None:
@@ -404,14 +404,14 @@ class FailureAgent:
         report = {"backend": decision.backend if decision else "embedded", "chunks": len(retrieval.chunks),
                   "embedded": len(retrieval.embedded), "candidates": len(retrieval.candidates),
                   "llm_attempts": attempts, "llm_problems": problems}
-        if decision is not None and not _outweighs_rules(run, diagnosis, decision):
+        if decision is not None and not _outweighs_rules(job, diagnosis, decision):
             report["kept_rules"] = f"{decision.reason} ({decision.tier.value}) does not outweigh the rules' evidence"
             decision = None
         self.reports.append(report)
         if decision is None:
             self._report(report)
             return None
-        out = self._diagnosis(run, diagnosis, decision, retrieval, report)
+        out = self._diagnosis(job, diagnosis, decision, retrieval, report)
         self._report(report)
         return out
 
@@ -428,8 +428,8 @@ class FailureAgent:
         return Decision(best.chunk.first, best.chunk, best.reason, best.origin, best.tier, best.confidence,
                         SOURCE_EMBEDDED)
 
-    def _ask(self, run: JobRun, diagnosis: Diagnosis, retrieval: Retrieval) -> tuple[Decision | None, list[str], int]:
-        chat = self._prompt(run, diagnosis, retrieval)
+    def _ask(self, job: JobView, diagnosis: Diagnosis, retrieval: Retrieval) -> tuple[Decision | None, list[str], int]:
+        chat = self._prompt(job, diagnosis, retrieval)
         problems: list[str] = []
         for attempt in range(1, self.attempts + 1):
             try:
@@ -449,7 +449,7 @@ class FailureAgent:
                     Message("user", f"That answer was rejected: {problem}. Answer again with the JSON object only.")]
         return None, problems, self.attempts
 
-    def _prompt(self, run: JobRun, diagnosis: Diagnosis, retrieval: Retrieval) -> list[Message]:
+    def _prompt(self, job: JobView, diagnosis: Diagnosis, retrieval: Retrieval) -> list[Message]:
         nonce = secrets.token_hex(6)
         ranked = sorted(retrieval.candidates, key=lambda c: (-TIER_RANK[c.tier], -c.similarity, c.chunk.order))
         shown = ranked[:PROMPT_CANDIDATES]
@@ -461,36 +461,34 @@ class FailureAgent:
             for n in retrieval.neighbours.get(c.chunk.order, [])[:PROMPT_INCIDENTS]:
                 parts.append(f"  ~ {n.similarity:.2f} {n.incident.reason}/{n.incident.origin}: "
                              f"{_CONTROL.sub(' ', n.incident.text)[:160]}")
-        context = _context(run.compressed.lines(), [c.chunk.first for c in shown[:3]])
+        context = _context(job.kept_lines(), [c.chunk.first for c in shown[:3]])
         reasons = "\n".join(f"{r.id}: {r.category.value if r.category else 'none'}, {r.origin.value}: {r.summary}"
                             for r in REASONS.values())
         root = diagnosis.root_cause
         summary = (f"{root.reason} ({root.source}, confidence {root.confidence:.2f})" if root else "no known failure")
         if diagnosis.other_errors:
             summary += "; also " + ", ".join(f"{e['reason']} x{e['count']}" for e in diagnosis.other_errors[:5])
-        user = prompts.render("failure_agent_decide", framework=run.meta.framework or "unknown",
+        user = prompts.render("failure_agent_decide", framework=job.meta.framework or "unknown",
                               rules_summary=summary, reasons=reasons, nonce=nonce,
                               candidates="\n".join(parts), context="\n".join(context))
         return [Message("system", prompts.render("failure_agent_system")), Message("user", user)]
 
     # -- the result ----------------------------------------------------------------------------
-    def _diagnosis(self, run: JobRun, diagnosis: Diagnosis, decision: Decision, retrieval: Retrieval,
+    def _diagnosis(self, job: JobView, diagnosis: Diagnosis, decision: Decision, retrieval: Retrieval,
                    report: dict[str, Any]) -> Diagnosis:
         related = retrieval.related(decision.chunk)
         nodes = sorted({n for c in related for n in c.nodes} | set(decision.chunk.nodes))
         ranks = sorted({r for c in related for r in c.ranks} | set(decision.chunk.ranks))
         envelope = split_envelope(decision.line.text)
-        rank, node = locate(envelope, run.classifier.default_nodes.get(decision.line.source))
+        rank, node = locate(envelope, job.default_node(decision.line.source))
         named = [m.group("node") for m in _NODE_IN_TEXT.finditer(envelope.message)]
         for found in [node, *named]:
             if found and found not in nodes:
                 nodes.insert(0, found)
         infra = decision.origin == Origin.INFRASTRUCTURE.value
-        primary = run.primary_progress()
-        checkpoints = primary.progress.checkpoints if primary else []
         facts = Facts.read([c.first.text for c in related] or [decision.line.text], nodes=nodes if infra else (),
                            ranks=ranks if infra else (),
-                           last_checkpoint_step=checkpoints[-1].step if checkpoints else None)
+                           last_checkpoint_step=job.last_checkpoint_step())
         mitigation = mitigation_for(decision.reason, decision.origin, facts)
         if decision.mitigation_text:
             mitigation = f"{mitigation} Model's advice: {decision.mitigation_text}"
@@ -506,7 +504,7 @@ class FailureAgent:
         old = diagnosis.root_cause
         if old is not None and old.line != decision.line.text and old.reason != "unknown":
             others.insert(0, {"reason": old.reason, "line": old.line, "line_number": old.line_number,
-                              "count": 1, "rule": old.source.removeprefix("rule:"), "file": old.file})
+                              "count": 1, "rule": rule_id_of(old.source) or old.source, "file": old.file})
         out = replace(diagnosis, root_cause=view, action=action, mitigation=mitigation, other_errors=others,
                       suspect_nodes=nodes if infra else [], suggested_rules=list(diagnosis.suggested_rules))
         report.update(decision={"reason": decision.reason, "origin": decision.origin, "tier": decision.tier.value,
@@ -515,7 +513,7 @@ class FailureAgent:
                                   "text": n.incident.text[:200]}
                                  for n in retrieval.neighbours.get(decision.chunk.order, [])[:5]])
         if self.writeback is not None:
-            result = self.writeback.suggest(run, decision, retrieval, mitigation)
+            result = self.writeback.suggest(job, decision, retrieval, mitigation)
             report["write_back"] = result
             if result.get("status") in ("pending", "active"):
                 out.suggested_rules.append({"id": result["id"], "kind": "diagnosis", "pattern": result["pattern"],

@@ -51,11 +51,6 @@ class Incident:
     """`taxonomy`, `builtin_rule`, `rule:<id>`, `admin`, `label`."""
     job_id: str | None = None
 
-    @property
-    def is_log_line(self) -> bool:
-        """A real line (rule example, confirmed root cause), not a description."""
-        return self.confirmed_by not in ("taxonomy", "description")
-
 
 @dataclass(frozen=True, slots=True)
 class Neighbour:

@@ -1,8 +1,8 @@
 """The Log Agent: kept lines in, segments, K proposals, a vote, validation, rules out.
 
-It plugs into a job through `service.pipeline.LogAgentHook`: `observe(run, kept)` sees the
+It plugs into a job through `rules.job.LogAgentHook`: `observe(job, kept)` sees the
 lines that survived the filter (already redacted) and returns the filter rules accepted for
-the job, which `JobRun` applies to its running streams from the next buffer on; `finish(run)`
+the job, which `JobRun` applies to its running streams from the next buffer on; `finish(job)`
 learns from the last, partial segment. Accepted rules are stored with their provenance.
 
 Where learned rules apply (their scope), and why:
@@ -43,7 +43,7 @@ from rules.guard import ErrorGuard
 from rules.model import FilterRule, KeptLine, RuleStatus
 
 if TYPE_CHECKING:
-    from service.pipeline import JobMeta, JobRun
+    from rules.job import JobMeta, JobView
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class LogAgent:
 
 
 class JobLogAgent:
-    """The Log Agent for one job (implements service.pipeline.LogAgentHook)."""
+    """The Log Agent for one job (implements rules.job.LogAgentHook)."""
 
     def __init__(self, agent: LogAgent, meta: JobMeta, backend: ProposalBackend):
         self.agent = agent
@@ -210,18 +210,18 @@ class JobLogAgent:
         return state
 
     # -- the hook ----------------------------------------------------------------------------
-    def observe(self, run: JobRun, kept: list[KeptLine]) -> list[FilterRule]:
-        self._screen(run, kept)
+    def observe(self, job: JobView, kept: list[KeptLine]) -> list[FilterRule]:
+        self._screen(job, kept)
         rules: list[FilterRule] = []
         for segment in self.segmenter.add(kept):
-            rules += self._learn(run, segment)
+            rules += self._learn(job, segment)
         return rules
 
-    def finish(self, run: JobRun) -> list[FilterRule]:
+    def finish(self, job: JobView) -> list[FilterRule]:
         segment = self.segmenter.flush()
         if segment is None or len(segment.lines) + len(self.backlog) < self.config.min_support:
             return []
-        return self._learn(run, segment)
+        return self._learn(job, segment)
 
     # -- error lines -------------------------------------------------------------------------
     def _shape_count(self, line: KeptLine, *, add: bool) -> int:
@@ -239,7 +239,7 @@ class JobLogAgent:
         return bool(ALERT_WORDS.search(line.text)) and \
             self._shapes.get(mask(line.text), 0) < self.config.min_support
 
-    def _screen(self, run: JobRun, kept: list[KeptLine]) -> None:
+    def _screen(self, job: JobView, kept: list[KeptLine]) -> None:
         forward = []
         for line in kept:
             if line.error_like:
@@ -256,10 +256,10 @@ class JobLogAgent:
             if ALERT_WORDS.search(line.text) and self._shape_count(line, add=True) < self.config.min_support:
                 forward.append(line)
         if forward:
-            run.forward_error_lines(forward)
+            job.forward_error_lines(forward)
 
     # -- learning ----------------------------------------------------------------------------
-    def _learn(self, run: JobRun, segment: Segment) -> list[FilterRule]:
+    def _learn(self, job: JobView, segment: Segment) -> list[FilterRule]:
         self._recent_errors.extend(e.text for e in segment.errors)
         lines = [*self.backlog, *segment.lines]
         if self.segments_seen >= self.config.max_segments or len(self.accepted) >= self.config.max_rules:
@@ -273,10 +273,10 @@ class JobLogAgent:
         backend, ballots, discarded = self._ballots(messages)
         flagged = self._flagged_errors(ballots, minable)
         if flagged:
-            run.forward_error_lines(flagged)
+            job.forward_error_lines(flagged)
         errors = [*(line.text for line in suspects), *(line.text for line in flagged), *self._recent_errors]
         decision, proposals = self._vote(backend, ballots, raw, messages)
-        accepted, report = self._accept(run, segment, backend, decision, proposals, raw, errors, ballots)
+        accepted, report = self._accept(job, segment, backend, decision, proposals, raw, errors, ballots)
         if discarded:
             # the failed votes of the backend the miner stood in for: a model that never
             # answers usefully must show in the figures, not vanish behind the fallback
@@ -328,10 +328,10 @@ class JobLogAgent:
                         judge=lambda group: backend.judge(group, messages))
         return decision, proposals
 
-    def _accept(self, run: JobRun, segment: Segment, backend: ProposalBackend, decision: Decision,
+    def _accept(self, job: JobView, segment: Segment, backend: ProposalBackend, decision: Decision,
                 proposals: Sequence[Proposal], raw: Sequence[str], errors: Sequence[str],
                 ballots: Sequence[Ballot]) -> tuple[list[tuple[FilterRule, Validation]], dict[str, Any]]:
-        evidence = [e.line for found in run.classifier.found.values() for e in found.items]
+        evidence = [e.line for found in job.found.values() for e in found.items]
         accepted: list[tuple[FilterRule, Validation]] = []
         rejected: list[dict[str, Any]] = []
         for candidate in decision.accepted:

@@ -112,9 +112,9 @@ def write_log(path: Path, size_mb: int, seed: int = 7) -> int:
 def agent_on_log(path: Path, embedder, repeat: int = 1) -> dict:
     from agents.failure_agent import FailureAgent, chunk_lines, retrieve
     from agents.knowledge import KnowledgeBase, MemoryIncidents, seed_incidents
-    from service.pipeline import JobMeta, JobRun
-    from service.rulebook import Rulebook
-    from service.sources import feed_path
+    from rules.job import JobMeta, JobRun
+    from rules.rulebook import Rulebook
+    from service.ingest.sources import feed_path
 
     rulebook = Rulebook()
     kb = KnowledgeBase(MemoryIncidents(seed_incidents(rulebook.builtin_diagnosis)), embedder)

@@ -13,7 +13,7 @@ from rules.filters import FilterProgram, FilterStream
 from rules.guard import ErrorGuard
 from rules.packs import builtin_filter_rules
 from rules.progress import ProgressTracker
-from service.ingest import CHUNK_BYTES, iter_line_buffers, reuse_freed_buffers
+from service.ingest.lines import CHUNK_BYTES, iter_line_buffers, reuse_freed_buffers
 
 
 def _read_range(path: str, start: int, stop: int | None) -> Iterator[bytes]:
@@ -36,7 +36,7 @@ def run(path: str, start: int, stop: int | None) -> dict:
     stream = FilterStream(program, on_progress=tracker.observe)
     kept = error_like = 0
     began = time.perf_counter()
-    # the same line splitting as `faultline diagnose` (service/ingest.py), over a byte range
+    # the same line splitting as `faultline diagnose` (service/ingest/lines.py), over a byte range
     for buffer in iter_line_buffers(_read_range(path, start, stop), gzip=False):
         for line in stream.feed(buffer):
             kept += 1

@@ -74,8 +74,8 @@ from sqlalchemy import select
 from bench.live_writer import vm_hwm_mb
 from fixtures.logs.generators.frameworks import FRAMEWORKS
 from fixtures.logs.unknown_formats import maxtext_log
-from service.db import Database
-from service.models import Job, JobSource
+from service.store.db import Database
+from service.store.models import Job, JobSource
 from tests.support.postgres_cluster import PostgresCluster, unavailable
 from tests.support.processes import serve_process
 

@@ -27,8 +27,8 @@ from agents.validation import Validator
 from fixtures.logs.unknown_formats import GeneratedLog, helix_log, maxtext_log
 from rules.filters import FilterProgram, FilterStream
 from rules.model import FilterRule
-from service.pipeline import JobMeta, JobRun
-from service.rulebook import Rulebook
+from rules.job import JobMeta, JobRun
+from rules.rulebook import Rulebook
 
 CHUNK_LINES = 2000
 

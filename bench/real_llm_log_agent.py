@@ -1,6 +1,6 @@
 """The Log Agent against a real (weak) model: SmolLM2-135M-Instruct behind an OpenAI-compatible
 endpoint on loopback, through the production path (FAULTLINE_LLM_* settings, the `openai`
-client in agents/llm.py, the agent and rule store built by service.learned_rules).
+client in agents/llm.py, the agent and rule store built by service.agents.log).
 
 On a generated log in a format no built-in pack covers, the agent sees the first 5% with the
 LLM backend, then is frozen and the rest is fed with what it learned. Reported: LLM calls and
@@ -41,11 +41,11 @@ from bench.log_agent_bench import _feed, _figures, _Learned
 from bench.real_llm.serve_smollm2 import MODEL_ID, fetch_stats, running_smollm2
 from fixtures.logs.unknown_formats import GeneratedLog, helix_log, maxtext_log
 from rules.model import FilterRule
-from service import store
-from service.db import Database
-from service.learned_rules import build_log_agent
-from service.pipeline import JobMeta, JobRun
-from service.rulebook import Rulebook
+from service.store import jobs as store
+from service.store.db import Database
+from service.agents.log import build_log_agent
+from rules.job import JobMeta, JobRun
+from rules.rulebook import Rulebook
 from service.settings import Settings
 
 

@@ -135,9 +135,6 @@ class ProgressTracker:
             self._cols[name] = column[:cut:2] + column[cut:]
         self._lines = self._lines[:cut:2] + self._lines[cut:]
 
-    def observe_checkpoint(self, step: int, line_number: int) -> None:
-        self.checkpoints.append(Checkpoint(step, line_number, self.source))
-
     def __len__(self) -> int:
         return len(self._lines)
 

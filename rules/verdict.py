@@ -15,6 +15,20 @@ from rules.taxonomy import Action, JobStatus, Origin, reason
 
 MAX_SUSPECT_NODES = 8
 """More nodes than this reporting one infrastructure fault is not a node fault."""
+CONFIDENT = 0.6
+"""A rule's root cause below this confidence is not sure: the Failure Agent is asked (when
+one is configured), and the diagnosis is not confirmed into the knowledge base."""
+RULE_SOURCE = "rule:"
+"""A root cause's `source` when a diagnosis rule named it: `rule:<id>`."""
+
+
+def rule_source(rule_id: str) -> str:
+    return f"{RULE_SOURCE}{rule_id}"
+
+
+def rule_id_of(source: str | None) -> str | None:
+    """The rule id of a root cause's `source`, None when no rule named it."""
+    return source[len(RULE_SOURCE):] if source and source.startswith(RULE_SOURCE) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +96,7 @@ def from_rule(root: RootCause, others: list[OtherError]) -> tuple[RootCauseView,
     view = RootCauseView(
         reason=rule.reason, category=taxonomy.category.value if taxonomy.category else None,
         origin=rule.origin.value, line=ev.line, line_number=ev.line_number, file=ev.source,
-        rank=ev.rank, node=ev.node, confidence=root.confidence, source=f"rule:{rule.id}",
+        rank=ev.rank, node=ev.node, confidence=root.confidence, source=rule_source(rule.id),
     )
     return view, action.value, nodes, mitigation
 

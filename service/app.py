@@ -14,13 +14,18 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.auth import AdminTokens
+from service.admin.auth import AdminTokens
 from service.context import Context
 from service.errors import FaultlineError
-from service.live import LiveJobs
+from service.live.runs import LiveJobs
 from service.metrics import LatencyMiddleware, Metrics
-from service.notify import Deliverer, Outbox
-from service.routes import admin, admin_web, diagnose, health, jobs, metrics
+from service.live.notify import Deliverer, Outbox
+from service.admin import api as admin
+from service.admin import web as admin_web
+from service.api import diagnose
+from service.api import health
+from service.api import jobs
+from service.api import metrics
 from service.settings import Settings, load_settings
 from service.threads import in_thread
 

@@ -12,10 +12,10 @@ from typing import Any, NoReturn, TextIO
 from rules.model import KeptLine
 from rules.verdict import Diagnosis
 from service.errors import FaultlineError
-from service.ingest import reuse_freed_buffers
-from service.pipeline import JobMeta, JobRun
+from service.ingest.lines import reuse_freed_buffers
+from rules.job import JobMeta, JobRun
 from service.settings import Settings, load_settings
-from service.sources import ProgressLine, check_readable, feed_path
+from service.ingest.sources import ProgressLine, check_readable, feed_path
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="upgrade: bring the schema to the newest revision; current: print its revision")
     _tail_parser(sub)
 
-    from service import rules_cli
+    from service.admin import rules_cli
 
     rules_cli.add_parser(sub, _Parser)
     return parser
@@ -272,8 +272,8 @@ def cmd_serve(args: argparse.Namespace, _out: TextIO) -> int:
 
 
 def cmd_db(args: argparse.Namespace, out: TextIO) -> int:
-    from service import migrate
-    from service.db import Database
+    from service.store import migrate
+    from service.store.db import Database
 
     settings = load_settings()
     db = Database(settings.database_url)
@@ -296,8 +296,8 @@ def cmd_tail(args: argparse.Namespace, _out: TextIO) -> int:
     from pathlib import Path
 
     from service.errors import BadInput
-    from service.sidecar import Sidecar, SidecarConfig, default_state_dir
-    from service.tailer import TailConfig
+    from service.sidecar.run import Sidecar, SidecarConfig, default_state_dir
+    from service.sidecar.tailer import TailConfig
 
     command = tuple(getattr(args, "command_argv", ()) or ())
     if args.exit_code is not None and not args.once:
@@ -336,7 +336,7 @@ def cmd_tail(args: argparse.Namespace, _out: TextIO) -> int:
 
 
 def cmd_rules(args: argparse.Namespace, out: TextIO) -> int:
-    from service import rules_cli
+    from service.admin import rules_cli
 
     return rules_cli.run(args, out)
 

@@ -10,12 +10,13 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from rules.verdict import Diagnosis
-from service import incidents, store
-from service.db import Database, open_database
+from service.store import incidents
+from service.store import jobs as store
+from service.store.db import Database, open_database
 from service.metrics import Metrics
-from service.pipeline import FailureAgentHook, JobMeta, JobRun, LogAgentHook
-from service.review import Review
-from service.rulebook import Rulebook
+from rules.job import FailureAgentHook, JobMeta, JobRun, LogAgentHook
+from service.admin.review import Review
+from rules.rulebook import Rulebook
 from service.settings import Settings
 
 
@@ -51,14 +52,14 @@ class Context:
         ctx = cls(settings=settings, db=db, rulebook=rulebook, metrics=metrics,
                   review=Review(rulebook, metrics=metrics))
         if settings.log_agent:
-            from service.learned_rules import build_log_agent
+            from service.agents.log import build_log_agent
 
             agent, closers = build_log_agent(settings, db, rulebook, on_report=metrics.log_agent_report)
             ctx.log_agent_factory = agent.for_job
             ctx.log_agent_impl = agent
             ctx.closers.extend(closers)
         if settings.failure_agent:
-            from service.failure_agent import LazyFailureAgent
+            from service.agents.failure import LazyFailureAgent
 
             lazy = LazyFailureAgent(settings, db, rulebook, embedder=embedder, on_report=metrics.failure_agent_report)
             ctx.failure_agent = lazy

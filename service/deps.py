@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from service.context import Context
-from service.live import LiveJobs
+from service.live.runs import LiveJobs
 
 MAX_OFFSET = 2**62
 """Upper bound of offset-like query parameters: past any real file or row count, and inside

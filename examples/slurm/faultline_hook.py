@@ -8,7 +8,7 @@ Point the service at it with FAULTLINE_WEBHOOK_URL=http://<this host>:9090/ and 
 FAULTLINE_WEBHOOK_SECRET. Only the standard library; run it where `scontrol` works as an
 operator (SlurmUser or root).
 
-What it does with a notification (see the service's service/notify.py for the payload):
+What it does with a notification (see the service's service/live/notify.py for the payload):
 - `cordon_and_restart` (hardware: ECC, NVLink, a lost node): drain each suspect node with
   the reason, then requeue the job, which Slurm restarts on healthy nodes from its last
   checkpoint. Acting before the job ends matters: after a GPU fault the other ranks wait in

@@ -13,10 +13,10 @@ import pytest
 from fixtures.logs.novel_failures import OUT_DIR, generate_all
 from rules.envelope import split_envelope
 from service.context import Context
-from service.pipeline import JobMeta, JobRun
-from service.rulebook import Rulebook
+from rules.job import JobMeta, JobRun
+from rules.rulebook import Rulebook
 from service.settings import Settings
-from service.sources import feed_path
+from service.ingest.sources import feed_path
 
 NOVEL = OUT_DIR
 LABELS = [json.loads(line) for line in (NOVEL / "labels.jsonl").read_text().splitlines()]
@@ -114,7 +114,7 @@ def test_a_missing_file_is_named_in_the_mitigation(ctx) -> None:
 
 
 def test_an_approved_suggestion_diagnoses_the_same_failure_by_rule(ctx, tmp_path) -> None:
-    from service import review
+    from service.admin import review
 
     first, second = NOVEL / "unbound_local-0.log", NOVEL / "unbound_local-1.log"
     _, d = diagnose(ctx, first)
@@ -127,7 +127,7 @@ def test_an_approved_suggestion_diagnoses_the_same_failure_by_rule(ctx, tmp_path
         assert again["root_cause"]["source"] == f"rule:{rule_id}", (path, again["root_cause"], again["other_errors"], ctx.rulebook.version)
         assert again["root_cause"]["reason"] == "name_error" and "agent" not in again
     with ctx.db.session() as session:
-        from service.incidents import labelled_history
+        from service.store.incidents import labelled_history
 
         assert any(h.confirmed_by == f"rule:{rule_id}" for h in labelled_history(session))
 
@@ -136,7 +136,7 @@ def test_a_rule_resolved_diagnosis_joins_the_knowledge_base_without_the_model(tm
     """A log the rules resolve: the incident is stored as text, no model is loaded."""
     from sqlalchemy import select
 
-    from service.models import Incident
+    from service.store.models import Incident
 
     log = tmp_path / "ecc.log"
     log.write_text("[default0]:[rank12]:[E817 17:40:34.227531918 ProcessGroupNCCL.cpp:1515] [PG 0 (default_pg) Rank 12] "
@@ -172,7 +172,8 @@ def test_a_rule_that_would_change_a_confirmed_job_is_refused(ctx) -> None:
     """An earlier job had the same memory fault among its lines, and a person confirmed it as
     an NCCL timeout. No confirmed line conflicts with the new rule, but replaying that job
     with the rule would make the fault its root cause: the write-back is refused."""
-    from service import incidents, store
+    from service.store import incidents
+    from service.store import jobs as store
 
     earlier, new = NOVEL / "rocm_memory_fault-1.log", NOVEL / "rocm_memory_fault-0.log"
     run = ctx.new_run(JobMeta(name="gpt-13b-rocm-0301"), diagnose=False)

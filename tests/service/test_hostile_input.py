@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import select
 
 from rules.classifier import RANKS_PER_RULE
-from service.db import Database
-from service.ingest import MAX_LINE_BYTES
-from service.models import KeptLineRow
-from service.pipeline import COMPRESSED_HEAD_LINES, COMPRESSED_TAIL_LINES, JobMeta, JobRun
-from service.rulebook import Rulebook
+from service.store.db import Database
+from service.ingest.lines import MAX_LINE_BYTES
+from service.store.models import KeptLineRow
+from rules.job import COMPRESSED_HEAD_LINES, COMPRESSED_TAIL_LINES, JobMeta, JobRun
+from rules.rulebook import Rulebook
 from service.settings import Settings
 from tests.service.test_http import LOG, ROOT_LINE
 from tests.support.server import running_server

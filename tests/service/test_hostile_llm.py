@@ -13,9 +13,9 @@ import re2
 from sqlalchemy import select
 
 from fixtures.logs.unknown_formats import helix_log
-from service.db import Database
-from service.models import Base, KeptLineRow, RuleRow
-from service.redact import MASK, Redactor
+from service.store.db import Database
+from service.store.models import Base, KeptLineRow, RuleRow
+from rules.redact import MASK, Redactor
 from service.settings import Settings
 from tests.support.llm_server import ScriptedLLM
 from tests.support.server import running_server

@@ -96,3 +96,47 @@ def test_unknown_job_is_404_and_bad_query_is_422(server: str) -> None:
 
 def test_healthz_reports_the_database(server: str) -> None:
     assert httpx.get(f"{server}/healthz", timeout=10).json()["database"] == "ok"
+
+
+def test_a_tagged_upload_is_stored_under_the_family_its_rules_were_scoped_by(server: str) -> None:
+    """The run scopes learned rules by a `family:` tag; the stored job must say the same family."""
+    r = httpx.post(f"{server}/diagnose", params={"job_name": "gpt-7b-20241103-ab12cd", "tags": "team:x,family:llama-pt"},
+                   content=LOG, headers={"Content-Type": "text/plain"}, timeout=60)
+    assert r.status_code == 200, r.text
+    job = httpx.get(f"{server}/jobs/{r.json()['job_id']}", timeout=10).json()
+    assert job["family"] == "llama-pt"
+    untagged = httpx.post(f"{server}/diagnose", params={"job_name": "gpt-7b-20241103-ab12cd"},
+                          content=LOG, headers={"Content-Type": "text/plain"}, timeout=60).json()
+    assert httpx.get(f"{server}/jobs/{untagged['job_id']}", timeout=10).json()["family"] == "gpt-7b"
+
+
+@pytest.mark.parametrize(("body", "headers", "status", "message"), [
+    (bytes(range(256)) * 40, {}, 400, "binary"),
+    (gzip.compress(bytes(range(256)) * 40), {"Content-Encoding": "gzip"}, 400, "binary"),
+    (b"\x1f\x8bgarbage" * 20, {"Content-Encoding": "gzip"}, 400, "gzip"),
+    (b"a line\n", {"Content-Encoding": "br"}, 415, "Content-Encoding"),
+])
+def test_a_live_append_refuses_the_same_bad_input_as_an_upload(server: str, body: bytes, headers: dict,
+                                                                status: int, message: str) -> None:
+    """Live appends go through the same decoder as uploads and files: binary is refused and
+    nothing of it is stored."""
+    job = httpx.post(f"{server}/jobs", json={"name": "live-bad-input"}, timeout=10).json()
+    r = httpx.post(f"{server}/jobs/{job['id']}/logs", params={"source": "rank0.log", "offset": 0},
+                   content=body, headers={"Content-Type": "text/plain", **headers}, timeout=30)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]
+    assert httpx.get(f"{server}/jobs/{job['id']}", timeout=10).json()["lines_received"] == 0
+
+
+def test_a_declared_length_past_the_limit_is_refused_on_both_routes_before_reading(server: str) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    host, port = urlsplit(server).hostname, urlsplit(server).port
+    job = httpx.post(f"{server}/jobs", json={"name": "live-bad-length"}, timeout=10).json()
+    for path in ("/diagnose", f"/jobs/{job['id']}/logs?source=a&offset=0"):
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                      f"Content-Length: 5000000000\r\nConnection: close\r\n\r\nabc\n".encode())
+            reply = s.recv(4096).decode("latin-1")
+        assert reply.startswith("HTTP/1.1 413"), (path, reply[:200])

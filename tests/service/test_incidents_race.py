@@ -14,9 +14,9 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from agents.knowledge import Incident, incident_id
-from service.db import Database
-from service.incidents import add_incidents
-from service.models import Incident as IncidentRow
+from service.store.db import Database
+from service.store.incidents import add_incidents
+from service.store.models import Incident as IncidentRow
 from service.settings import Settings
 
 LINE = "[default3]:KeyError: 'optimizer_config'"

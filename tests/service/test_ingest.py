@@ -8,7 +8,7 @@ import io
 import pytest
 
 from service.errors import BadInput, PayloadTooLarge
-from service.ingest import GzipDecoder, IngestCounters, LineSplitter, iter_line_buffers
+from service.ingest.lines import GzipDecoder, IngestCounters, LineSplitter, iter_line_buffers
 
 
 def chunks(data: bytes, size: int) -> list[bytes]:

@@ -15,10 +15,10 @@ from sqlalchemy.exc import OperationalError
 
 from service.app import _every
 from service.context import Context
-from service.ledger import ChunkRef, checksum
-from service.live import LiveJobs
-from service.models import Job
-from service.notify import Outbox
+from service.live.ledger import ChunkRef, checksum
+from service.live.runs import LiveJobs
+from service.store.models import Job
+from service.live.notify import Outbox
 from service.settings import Settings
 from tests.service.test_live_api import iteration
 

@@ -16,10 +16,12 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
-from service import migrate, store
-from service.db import Database
+from service.store import migrate
+
+from service.store import jobs as store
+from service.store.db import Database
 from service.errors import ConfigError
-from service.models import Base, Counter, Job
+from service.store.models import Base, Counter, Job
 from service.settings import Settings
 from tests.support import databases
 from tests.support.databases import cli_env

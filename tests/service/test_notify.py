@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.db import Database
+from service.store.db import Database
 from service.errors import ConfigError
-from service.models import Job, Notification
-from service.notify import Deliverer, event_for, sign, verify
+from service.store.models import Job, Notification
+from service.live.notify import Deliverer, event_for, sign, verify
 from service.settings import Settings, load_settings
 from tests.service.test_live_api import ECC, NCCL_TIMEOUT, NODE, iteration, text
 from tests.service.test_live_api import Job as LiveJob

@@ -11,8 +11,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from service.pipeline import JobRun
-from service.rulebook import Rulebook
+from rules.job import JobRun
+from rules.rulebook import Rulebook
 
 
 @pytest.fixture(scope="module")

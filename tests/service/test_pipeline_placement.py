@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from service.pipeline import JobRun
-from service.rulebook import Rulebook
+from rules.job import JobRun
+from rules.rulebook import Rulebook
 
 BOX = [
     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",

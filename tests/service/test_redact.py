@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.redact import MASK, Redactor, redact_text
+from rules.redact import MASK, Redactor, redact_text
 
 SECRETS = [
     ("export HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789", "hf_abcdefghijklmnopqrstuvwxyz0123456789"),
@@ -50,8 +50,8 @@ def test_ordinary_lines_are_left_alone(line: str) -> None:
 
 def test_a_job_state_snapshot_holds_no_secret() -> None:
     """A live job's state is stored between appends: the raw tail it keeps is redacted too."""
-    from service.pipeline import JobMeta, JobRun
-    from service.rulebook import Rulebook
+    from rules.job import JobMeta, JobRun
+    from rules.rulebook import Rulebook
 
     run = JobRun(Rulebook(), JobMeta(name="gpt-7b-20250301-ab12cd"))
     secrets = [secret for _, secret in SECRETS]
@@ -63,8 +63,8 @@ def test_a_job_state_snapshot_holds_no_secret() -> None:
 def test_a_private_key_in_a_live_jobs_tail_stays_masked_across_lines_and_appends() -> None:
     """The tail is redacted as a stream: the body of a key block (no trigger word of its own)
     is masked, also when the block began in an earlier append or before the tail's lines."""
-    from service.pipeline import TAIL_LINES, JobMeta, JobRun
-    from service.rulebook import Rulebook
+    from rules.job import TAIL_LINES, JobMeta, JobRun
+    from rules.rulebook import Rulebook
 
     body = ["MIIEowIBAAKCAQEAvJ3kQ8vN2pLm5tR7wX1cB4nM6jH9gF0dS2aQyZ3k", "Q8vN2pLm5tR7wX1cB4nM6jH9gF0dS2aQyZ3kQ8vN"]
     run = JobRun(Rulebook(), JobMeta(name="gpt-7b-20250301-ab12cd"))

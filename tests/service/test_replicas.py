@@ -14,8 +14,8 @@ import pytest
 import yaml
 from sqlalchemy import func, select
 
-from service.db import Database
-from service.models import Job, KeptLineRow
+from service.store.db import Database
+from service.store.models import Job, KeptLineRow
 from tests.service.test_http import LOG, ROOT_LINE
 from tests.support.databases import new_database
 from tests.support.processes import serve_process

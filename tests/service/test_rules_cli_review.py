@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from fixtures.logs.unknown_formats import helix_log
-from service import store
-from service.db import Database
+from service.store import jobs as store
+from service.store.db import Database
 from tests.support.databases import cli_env, database_url
 
 ROOT = Path(__file__).resolve().parents[2]

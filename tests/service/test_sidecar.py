@@ -22,9 +22,9 @@ import pytest
 
 from service.cli import main, split_command
 from service.settings import Settings
-from service.shipper import Checkpoint, Latencies, Sender, Shared
-from service.sidecar import Sidecar, SidecarConfig, default_state_dir
-from service.tailer import Batch, TailConfig
+from service.sidecar.sender import Checkpoint, Latencies, Sender, Shared
+from service.sidecar.run import Sidecar, SidecarConfig, default_state_dir
+from service.sidecar.tailer import Batch, TailConfig
 from tests.service.test_live_api import ECC, iteration, text
 from tests.support.server import ServerProcess, free_port, running_server
 

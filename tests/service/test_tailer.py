@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.tailer import Batch, TailConfig, Tailer, source_name
+from service.sidecar.tailer import Batch, TailConfig, Tailer, source_name
 
 ITER = ("[default7]: [2025-03-31 05:54:07] iteration {i:8d}/  242204 | consumed samples: {c:12d} | "
         "elapsed time per iteration (ms): 1552.8 | learning rate: 8.000000E-06 | global batch size:  1008 | "

@@ -1,0 +1,533 @@
+"""One job's diagnosis, from raw line buffers to the Diagnosis: the stages wired together.
+
+ingest (line buffers) -> filter (per source) -> redact kept lines -> Log Agent (may add
+filter rules, applied to the running streams) -> classifier -> at finish: root-cause
+choice, loss spikes and hangs from progress, Failure Agent when the rules are not sure.
+This module does no I/O itself; callers (CLI, HTTP, live jobs) bring the bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from rules.classifier import Classifier, DiagnosisProgram, RuleEvidence
+from rules.family import job_family
+from rules.model import TIER_RANK, FilterRule, KeptLine, Tier
+from rules.progress import ProgressTracker
+from rules.rootcause import choose_root_cause
+from rules.taxonomy import JobStatus
+from rules.timestamps import TimestampReader
+from rules.verdict import (
+    CONFIDENT,
+    Diagnosis,
+    RootCauseView,
+    from_hang,
+    from_rule,
+    from_spike,
+    nothing_found,
+    other_errors_view,
+)
+from rules.redact import Redactor
+from rules.rulebook import Rulebook
+
+HANG_FLOOR_S = 30 * 60
+HANG_STEP_FACTOR = 20
+COMPRESSED_HEAD_LINES = 2_000
+COMPRESSED_TAIL_LINES = 20_000
+FORWARDED_TRACKED = 100_000
+AGENT_SLICE_BYTES = 64 << 10
+AGENT_MAX_SLICE_BYTES = 64 << 20
+AGENT_BUSY_LINES = 16
+"""Unexplained kept lines in a slice that mean the agent still has work: keep slices small."""
+TAIL_LINES = 256
+"""Raw lines remembered per source: enough to hold, behind a final traceback, the periodic
+stamped lines (PULSE, keep-alives) that show a hang."""
+SNAPSHOT_FORMAT = 1
+_TRANSIENT = frozenset({"rulebook", "filter_program", "log_agent", "failure_agent", "_batch", "_flagged"})
+_EXCEPTION_LINE = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ")
+_TRACEBACK = "Traceback (most recent call last)"
+
+
+@dataclass(frozen=True)
+class JobMeta:
+    name: str = ""
+    framework: str | None = None
+    tags: tuple[str, ...] = ()
+
+    @property
+    def family(self) -> str:
+        """The job's family: a `family:<x>` tag, else its name without run ids and dates."""
+        for tag in self.tags:
+            if tag.startswith("family:") and tag[7:].strip():
+                return tag[7:].strip().lower()
+        return job_family(self.name)
+
+
+class JobView:
+    """What an agent sees of a running job, read-only, and the one thing it may do to it:
+    hand lines it judges error-like to the classifier. Agents are typed against this, not
+    against JobRun, so the run's internals can change without touching them."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: JobRun):
+        self._run = run
+
+    @property
+    def meta(self) -> JobMeta:
+        return self._run.meta
+
+    def kept_lines(self) -> list[KeptLine]:
+        """The compressed log: its bounded head, error lines and tail."""
+        return self._run.compressed.lines()
+
+    @property
+    def found(self) -> Mapping[str, RuleEvidence]:
+        """What the diagnosis rules found so far, by rule id."""
+        return self._run.classifier.found
+
+    @property
+    def diagnosis_program(self) -> DiagnosisProgram:
+        return self._run.classifier.program
+
+    def default_node(self, source: str) -> str | None:
+        """The node a source stands for (a file named like a host), if any."""
+        return self._run.classifier.default_nodes.get(source)
+
+    def last_checkpoint_step(self) -> int | None:
+        primary = self._run.primary_progress()
+        checkpoints = primary.progress.checkpoints if primary else ()
+        return checkpoints[-1].step if checkpoints else None
+
+    def forward_error_lines(self, lines: Iterable[KeptLine]) -> None:
+        self._run.forward_error_lines(lines)
+
+
+class LogAgentHook(Protocol):
+    def observe(self, job: JobView, kept: list[KeptLine]) -> list[FilterRule]:
+        """See kept lines; return filter rules accepted for this job (may be empty).
+        May call `job.forward_error_lines()` for lines it judges error-like."""
+
+    def finish(self, job: JobView) -> list[FilterRule]:
+        """The log ended: learn from what is left; rules returned count as learned."""
+
+
+class FailureAgentHook(Protocol):
+    def diagnose(self, job: JobView, diagnosis: Diagnosis) -> Diagnosis | None:
+        """A better diagnosis than the rules', or None."""
+
+
+@dataclass
+class SourceRun:
+    name: str
+    stream: object
+    progress: ProgressTracker
+    redactor: Redactor = field(default_factory=Redactor)
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    """The last raw lines seen (kept or not), for the time the log ends at and the time that
+    passed after the last progress line."""
+    tail_redactor: Redactor = field(default_factory=Redactor)
+    """Redacts the tail; follows every line of the source, so a private key block that
+    began earlier is still masked."""
+
+
+class CompressedLog:
+    """What a person or an agent reads instead of the log: bounded head, error lines, tail."""
+
+    def __init__(self, head: int = COMPRESSED_HEAD_LINES, tail: int = COMPRESSED_TAIL_LINES):
+        self.head: list[KeptLine] = []
+        self.tail: deque[KeptLine] = deque(maxlen=tail)
+        self._head_max = head
+        self.total = 0
+
+    def add(self, lines: Iterable[KeptLine]) -> None:
+        for line in lines:
+            self.total += 1
+            if len(self.head) < self._head_max:
+                self.head.append(line)
+            else:
+                self.tail.append(line)
+
+    def lines(self) -> list[KeptLine]:
+        return [*self.head, *self.tail]
+
+
+class JobRun:
+    """Diagnoses one job whose log arrives as whole-line buffers from one or more sources."""
+
+    def __init__(self, rulebook: Rulebook, meta: JobMeta = JobMeta(), *,
+                 log_agent: LogAgentHook | None = None, failure_agent: FailureAgentHook | None = None,
+                 compressed: CompressedLog | None = None):
+        self.rulebook = rulebook
+        self.meta = meta
+        self.filter_program = rulebook.filter_program(meta.framework, meta.name, family=meta.family)
+        self.classifier = Classifier(rulebook.diagnosis_program)
+        self.sources: dict[str, SourceRun] = {}
+        self.compressed = compressed or CompressedLog()
+        self.log_agent = log_agent
+        self.failure_agent = failure_agent
+        self.learned: list[FilterRule] = []
+        self.suggested: list[dict] = []
+        self.bytes_in = 0
+        self.lines_cut = 0
+        """Lines longer than the ingest limit: their head was kept, the rest skipped."""
+        self._last_exception: KeptLine | None = None
+        self._saw_traceback = False
+        self._slice = AGENT_SLICE_BYTES
+        self._learned_in_feed = False
+        self._batch: set[tuple[str, int]] = set()
+        self._flagged: set[tuple[str, int]] = set()
+        self._forwarded: set[tuple[str, int]] = set()
+
+    def view(self) -> JobView:
+        """The narrow, read-only view of this run that the agents get."""
+        return JobView(self)
+
+    # -- feeding -----------------------------------------------------------------------------
+    def source(self, name: str) -> SourceRun:
+        run = self.sources.get(name)
+        if run is None:
+            tracker = ProgressTracker(name)
+            stream = self.rulebook.stream(self.filter_program, source=name, on_progress=tracker.observe)
+            run = self.sources[name] = SourceRun(name, stream, tracker)
+            if len(self.sources) > 1:
+                self._name_nodes()
+        return run
+
+    def _name_nodes(self) -> None:
+        """One file per node: a file named like a host stands for that node."""
+        for name in self.sources:
+            stem = name.rsplit("/", 1)[-1].split(".", 1)[0]
+            if re.fullmatch(r"[A-Za-z][\w-]*\d[\w-]*", stem):
+                self.classifier.default_nodes[name] = stem
+
+    def feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:
+        """Filter one buffer of whole lines; returns the kept lines, redacted.
+
+        With a Log Agent, a large buffer is fed in slices while the agent is learning: a rule
+        learned from the start of an 8 MB ingest buffer then filters the rest of it, not only
+        the next buffer. While the rules in force leave little for the agent, slices grow
+        back to whole buffers, because each filter call has a fixed cost.
+        """
+        if self.log_agent is None or len(buffer) <= self._slice:
+            return self._feed(source, buffer, raw_bytes=raw_bytes)
+        kept: list[KeptLine] = []
+        start = 0
+        while start < len(buffer):
+            end = buffer.find(b"\n", min(start + self._slice, len(buffer)) - 1)
+            end = len(buffer) if end < 0 else end + 1
+            part = self._feed(source, buffer[start:end], raw_bytes=raw_bytes if start == 0 else 0)
+            kept += part
+            learning = sum(not k.error_like for k in part) >= AGENT_BUSY_LINES or self._learned_in_feed
+            self._slice = AGENT_SLICE_BYTES if learning else min(self._slice * 4, AGENT_MAX_SLICE_BYTES)
+            start = end
+        return kept
+
+    def feed_kept(self, kept: Iterable[KeptLine]) -> None:
+        """Feed a job's stored kept lines again (a replay with other rules), one buffer per
+        consecutive stretch of one source."""
+        batch: list[str] = []
+        current = None
+        for line in kept:
+            if line.source != current and batch:
+                self.feed(current, ("\n".join(batch) + "\n").encode("utf-8"))
+                batch = []
+            current = line.source
+            batch.append(line.text)
+        if batch:
+            self.feed(current, ("\n".join(batch) + "\n").encode("utf-8"))
+
+    def _feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:
+        run = self.source(source)
+        self.bytes_in += len(buffer) if raw_bytes is None else raw_bytes
+        raw = run.stream.feed(buffer)
+        texts = run.redactor.redact_many([k.text for k in raw])
+        kept = [k if k.text is t else KeptLine(k.line_number, t, k.error_like, source)
+                for k, t in zip(raw, texts, strict=True)]
+        self._remember_tail(run, buffer)
+        if self.log_agent is not None and kept:
+            self._batch = {(k.source, k.line_number) for k in kept}
+            learned = self.log_agent.observe(self.view(), kept)
+            self._learned_in_feed = bool(learned)
+            if learned:
+                self.add_filter_rules(learned)
+            if self._flagged:
+                kept = [replace(k, error_like=True) if (k.source, k.line_number) in self._flagged else k
+                        for k in kept]
+                self._flagged.clear()
+            self._batch = set()
+        for line in kept:
+            self._classify(line)
+        self.compressed.add(kept)
+        return kept
+
+    def _remember_tail(self, run: SourceRun, buffer: bytes) -> None:
+        start = len(buffer) - 1
+        for _ in range(run.tail.maxlen or TAIL_LINES):
+            start = buffer.rfind(b"\n", 0, start)
+            if start < 0:
+                break
+        # raw lines (kept or not) end up in a live job's stored state: redacted too, in one
+        # pass over the tail (a live append's fixed cost: per line, it was a third of it)
+        redactor = run.tail_redactor
+        if start > 0 and (redactor.in_key or buffer.find(b"PRIVATE KEY", 0, start) >= 0):  # no copy of the buffer
+            for line in buffer[:start].decode("utf-8", "replace").splitlines():
+                redactor.redact(line)  # a key block opens or closes before the tail: follow it
+        run.tail.extend(redactor.redact_many(buffer[start + 1:].decode("utf-8", "replace").splitlines()))
+
+    def _classify(self, line: KeptLine) -> None:
+        """Error lines go to the classifier; other kept lines only matter as chain markers
+        and as the failure box's rank-to-host lines."""
+        if not line.error_like:
+            if "above exception" in line.text:
+                self.classifier.feed(line)
+            elif "host" in line.text or "local_rank" in line.text:
+                self.classifier.learn_placement(line)
+            return
+        self.classifier.feed(line)
+        if _TRACEBACK in line.text:
+            self._saw_traceback = True
+        elif _EXCEPTION_LINE.search(line.text):
+            self._last_exception = line
+
+    def forward_error_lines(self, lines: Iterable[KeptLine]) -> None:
+        """Lines the Log Agent judges error-like go to the classifier: those of the buffer being
+        fed in their place, earlier ones at once."""
+        for line in lines:
+            key = (line.source, line.line_number)
+            if line.error_like or key in self._forwarded:
+                continue
+            if len(self._forwarded) < FORWARDED_TRACKED:
+                self._forwarded.add(key)
+            if key in self._batch:
+                self._flagged.add(key)
+            else:
+                self._classify(replace(line, error_like=True))
+
+    def add_filter_rules(self, rules: list[FilterRule]) -> None:
+        """New filter rules take effect on the running streams, from the next buffer on."""
+        self.learned.extend(rules)
+        self.filter_program = self.rulebook.extend(self.filter_program, rules)
+        for run in self.sources.values():
+            run.stream.set_program(self.filter_program)
+
+    # -- live jobs: state between appends --------------------------------------------------------
+    def snapshot(self) -> bytes:
+        """The job's processing state, without compiled programs and agents (see restore).
+
+        Pickle, because the state is a graph of our own dataclasses, arrays and deques that
+        changes as the pipeline grows; the bytes only ever come from this method and live in
+        our own database, which is trusted like the code itself. A format number guards
+        against restoring the state of an incompatible version.
+        """
+        state = {k: v for k, v in self.__dict__.items() if k not in _TRANSIENT}
+        return pickle.dumps({"format": SNAPSHOT_FORMAT, "state": state}, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def restore(cls, blob: bytes, rulebook: Rulebook, *, log_agent: LogAgentHook | None = None,
+                failure_agent: FailureAgentHook | None = None) -> JobRun:
+        """A JobRun from snapshot() bytes, with the rules in force now reattached."""
+        data = pickle.loads(blob)  # noqa: S301 - our own bytes, see snapshot()
+        if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError("job state of another format version")
+        run = cls.__new__(cls)
+        run.__dict__.update(data["state"])
+        run.rulebook, run.log_agent, run.failure_agent = rulebook, log_agent, failure_agent
+        run._batch, run._flagged = set(), set()
+        program = rulebook.filter_program(run.meta.framework, run.meta.name, family=run.meta.family)
+        run.filter_program = rulebook.extend(program, run.learned) if run.learned else program
+        run.classifier.program = rulebook.diagnosis_program
+        for source in run.sources.values():
+            source.stream.set_program(run.filter_program)
+            if "tail_redactor" not in source.__dict__:  # the state of a job that began before it existed
+                source.tail_redactor = Redactor()
+        return run
+
+    def current(self) -> Diagnosis:
+        """The diagnosis so far, while the job runs (no agent is asked, nothing is final)."""
+        return self._rule_diagnosis()
+
+    # -- the verdict -------------------------------------------------------------------------
+    def finish(self) -> Diagnosis:
+        if self.log_agent is not None:
+            self.learned.extend(self.log_agent.finish(self.view()))
+        for run in self.sources.values():
+            run.progress.spikes.finish()
+        diagnosis = self._rule_diagnosis()
+        if self.failure_agent is not None and self._needs_agent(diagnosis):
+            better = self.failure_agent.diagnose(self.view(), diagnosis)
+            if better is not None:
+                diagnosis = better
+        diagnosis.suggested_rules = [*self.suggested, *diagnosis.suggested_rules]
+        return diagnosis
+
+    @staticmethod
+    def _needs_agent(diagnosis: Diagnosis) -> bool:
+        root = diagnosis.root_cause
+        if diagnosis.status != JobStatus.FAILED.value:
+            return False
+        return root is None or root.reason == "unknown" or root.confidence < CONFIDENT
+
+    def primary_progress(self) -> SourceRun | None:
+        runs = [r for r in self.sources.values() if r.progress.points_seen]
+        return max(runs, key=lambda r: (r.progress.last_step or 0, r.progress.points_seen)) if runs else None
+
+    def _rule_diagnosis(self) -> Diagnosis:
+        root, others = choose_root_cause(self.classifier.found)
+        primary = self.primary_progress()
+        spike = primary.progress.spikes.failed if primary else None
+        diagnosis = Diagnosis(status=JobStatus.RUNNING.value, root_cause=None,
+                              action="none", mitigation="", progress=self.progress_summary(),
+                              compression=self.compression_summary(), filtered=self.filtered_summary())
+        diagnosis.other_errors = other_errors_view(others)
+        if root is not None and spike is not None and (root.rule.reason == "loss_spike"
+                                                        or TIER_RANK[root.rule.tier] <= TIER_RANK[Tier.SYMPTOM]):
+            # the metrics saw the loss go first: the NaN check or the kill that followed is
+            # its consequence, and the spike's own line is the earliest evidence
+            view, mitigation, rollback = from_spike(spike, list(primary.progress.checkpoints), primary.name)
+            diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, "rollback_and_skip"
+            diagnosis.mitigation, diagnosis.rollback = mitigation, rollback
+            return diagnosis
+        if root is not None and root.rule.reason == "job_cancelled" and spike is None:
+            hang = self._hang(primary)
+            if hang is not None:
+                # progress had stopped long before the scheduler (or a person) ended the job:
+                # the cancellation is how the hang ended, not why the job was lost
+                diagnosis.status, diagnosis.action = JobStatus.FAILED.value, "restart"
+                diagnosis.root_cause, diagnosis.mitigation = hang
+                ev = root.evidence
+                diagnosis.other_errors = [{"reason": root.rule.reason, "line": ev.line, "line_number": ev.line_number,
+                                           "count": root.count, "rule": root.rule.id, "file": ev.source},
+                                          *diagnosis.other_errors]
+                return diagnosis
+        if root is not None:
+            node = self.classifier.node_of(root.evidence)
+            if node is not None and root.evidence.node is None:
+                root = replace(root, evidence=replace(root.evidence, node=node),
+                               nodes=tuple(sorted({*root.nodes, node})))
+            view, action, nodes, mitigation = from_rule(root, others)
+            diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, action
+            diagnosis.suspect_nodes, diagnosis.mitigation = nodes, mitigation
+            if root.rule.reason == "loss_spike" and spike is not None:
+                diagnosis.rollback = from_spike(spike, list(primary.progress.checkpoints), primary.name)[2]
+            return diagnosis
+        if spike is not None:
+            view, mitigation, rollback = from_spike(spike, list(primary.progress.checkpoints), primary.name)
+            diagnosis.root_cause, diagnosis.action = view, "rollback_and_skip"
+            diagnosis.mitigation, diagnosis.rollback = mitigation, rollback
+            diagnosis.status = JobStatus.RUNNING.value if not self._saw_traceback else JobStatus.FAILED.value
+            return diagnosis
+        if self._saw_traceback or self._last_exception is not None or self._launcher_saw_failure():
+            return self._unknown_failure(diagnosis)
+        if self.completed():
+            diagnosis.status = JobStatus.HEALTHY.value
+            return diagnosis
+        hang = self._hang(primary)
+        if hang is not None:
+            diagnosis.status = JobStatus.STALLED.value
+            diagnosis.root_cause, diagnosis.mitigation = hang
+            diagnosis.action = "restart"
+        return diagnosis
+
+    def _unknown_failure(self, diagnosis: Diagnosis) -> Diagnosis:
+        diagnosis.status = JobStatus.FAILED.value
+        diagnosis.action, diagnosis.mitigation = nothing_found(JobStatus.FAILED)
+        line = self._last_exception
+        if line is not None:
+            diagnosis.root_cause = RootCauseView(
+                reason="unknown", category=None, origin="unknown", line=line.text,
+                line_number=line.line_number, file=line.source, rank=None, node=None,
+                confidence=0.0, source="unmatched")
+        return diagnosis
+
+    def _launcher_saw_failure(self) -> bool:
+        """A launcher or a crash left its trace (a non-zero exit in srun's summary or the
+        torchrun box, a C++ stack): something failed, even when no error names itself
+        (a shell's `Permission denied`, a missing script)."""
+        return any(found.rule.tier is Tier.CONTEXT for found in self.classifier.found.values())
+
+    def completed(self) -> bool:
+        done = self.rulebook.completion_rule_ids
+        return any(rule_id in done for run in self.sources.values() for rule_id in run.stream.rule_stats())
+
+    def _hang(self, primary: SourceRun | None) -> tuple[RootCauseView, str] | None:
+        """Post-hoc hang: the log goes on (time stamps) long after the last progress line."""
+        if primary is None or primary.progress.last_line is None:
+            return None
+        line_number, text = primary.progress.last_line
+        clock = TimestampReader()
+        progress_at = clock.read(text)
+        if progress_at is None:
+            # The progress line carries no time stamp (HF Trainer's metrics dict, NeMo's
+            # progress line): the lines printed after it do, and the time they span is a
+            # lower bound of the silence.
+            first = primary.stream.lines_in - len(primary.tail) + 1
+            after = [t for number, raw in enumerate(primary.tail, first) if number > line_number
+                     for t in (clock.read(raw),) if t is not None]
+            if len(after) < 2:
+                return None
+            progress_at, ends_at = min(after), max(after)
+        else:
+            # the end of the log: its last lines, or the last error line with a time stamp (a
+            # traceback's frames at the very end carry none)
+            ends_at = max((t for r in self.sources.values() for t in map(clock.read, r.tail) if t is not None),
+                          default=None)
+            errors_end = self.classifier.latest_time()
+            if errors_end is not None and (ends_at is None or errors_end > ends_at):
+                ends_at = errors_end
+        if ends_at is None:
+            return None
+        step_time = primary.progress.summary().get("last_step_time_s") or 0.0
+        threshold = max(HANG_FLOOR_S, HANG_STEP_FACTOR * float(step_time))
+        silent = ends_at - progress_at
+        if silent < threshold:
+            return None
+        return from_hang(text, line_number, primary.name, silent)
+
+    # -- summaries ---------------------------------------------------------------------------
+    def loss_curve(self, max_points: int = 160) -> list[list[float]]:
+        """[step, loss] pairs of the primary source, at most max_points (evenly thinned,
+        the last point kept): enough for a small plot of a stored job."""
+        primary = self.primary_progress()
+        if primary is None:
+            return []
+        points = [[p.step, round(p.loss, 6)] for p in primary.progress.curve()
+                  if p.step is not None and p.loss is not None and math.isfinite(p.loss)]
+        if len(points) > max_points:
+            stride = len(points) / max_points
+            points = [points[int(i * stride)] for i in range(max_points - 1)] + [points[-1]]
+        return points
+
+    def progress_summary(self) -> dict:
+        primary = self.primary_progress()
+        if primary is None:
+            return {"last_step": None, "last_loss": None}
+        summary = primary.progress.summary()
+        checkpoints = primary.progress.checkpoints
+        summary["last_checkpoint_step"] = checkpoints[-1].step if checkpoints else None
+        summary["points"] = primary.progress.points_seen
+        return summary
+
+    def compression_summary(self) -> dict:
+        lines_in = sum(r.stream.lines_in for r in self.sources.values())
+        kept = sum(r.stream.lines_kept for r in self.sources.values())
+        return {"lines_in": lines_in, "lines_kept": kept, "bytes_in": self.bytes_in,
+                "rules_learned": len(self.learned), "lines_cut": self.lines_cut}
+
+    def filtered_summary(self) -> list[dict]:
+        totals: dict[str, dict] = {}
+        for run in self.sources.values():
+            for rule_id, stats in run.stream.rule_stats().items():
+                entry = totals.setdefault(rule_id, {"rule": rule_id, "count": 0, "first_line": None,
+                                                    "last_line": None, "files": 0})
+                entry["count"] += stats.count
+                entry["files"] += 1
+                if entry["first_line"] is None or len(self.sources) == 1:
+                    entry["first_line"], entry["last_line"] = stats.first_line, stats.last_line
+        return sorted(totals.values(), key=lambda e: -e["count"])

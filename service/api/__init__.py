@@ -1,0 +1,1 @@
+"""HTTP routes of the job API: /diagnose, /jobs, /healthz, /metrics."""

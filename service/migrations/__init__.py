@@ -1,1 +1,0 @@
-"""Alembic migrations of the Faultline schema (`service.migrate` runs them)."""

@@ -1,0 +1,1 @@
+"""Persistence: the database, its models and migrations, jobs and rules, incidents."""

@@ -1,0 +1,97 @@
+"""Schema migrations (Alembic), the same scripts for SQLite and PostgreSQL.
+
+The schema lives in `service/store/migrations/versions/`; `service/store/models.py` is what the code
+expects, and a test checks that the head revision and the models agree. The service brings
+the database to the head revision when it starts (`FAULTLINE_DB_AUTO_UPGRADE`, default on)
+or an operator runs `faultline db upgrade` first. Several replicas may start at once: the
+upgrade runs under a lock (a PostgreSQL advisory lock, a file lock beside a SQLite file), and
+the one that comes second finds the work done.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, inspect, text
+
+from service.errors import ConfigError
+
+SCRIPT_LOCATION = "service.store:migrations"
+BASELINE = "0001"
+"""The first revision: the schema that `create_all` made before there were migrations."""
+_LOCK_KEY = 0x6661756C746C696E  # "faultlin": one advisory lock id for every Faultline database
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+@lru_cache(maxsize=1)
+def head_revision() -> str:
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    if len(heads) != 1:
+        raise RuntimeError(f"the migrations have {len(heads)} heads, not one: {heads}")
+    return heads[0]
+
+
+def current_revision(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def is_current(engine: Engine) -> bool:
+    with engine.connect() as connection:
+        return current_revision(connection) == head_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> str | None:
+    """Bring the database to `revision`; returns the revision it was at before."""
+    if revision == "head" and is_current(engine):
+        return head_revision()  # the common case, without taking a lock
+    with _migration_lock(engine) as connection:
+        before = current_revision(connection)
+        if before is None and inspect(connection).has_table("jobs"):
+            # a database made by create_all before migrations existed: it is the baseline
+            command.stamp(alembic_config(connection), BASELINE)
+            before = BASELINE
+        command.upgrade(alembic_config(connection), revision)
+        return before
+
+
+def require_current(engine: Engine) -> None:
+    """Refuse to run on a schema the code does not match (auto-upgrade turned off)."""
+    with engine.connect() as connection:
+        found = current_revision(connection)
+    if found != head_revision():
+        raise ConfigError(f"the database schema is at revision {found or 'none'}, this version needs "
+                          f"{head_revision()}: run `faultline db upgrade` (or set FAULTLINE_DB_AUTO_UPGRADE=true)")
+
+
+@contextmanager
+def _migration_lock(engine: Engine) -> Iterator[Connection]:
+    """A connection in a transaction that holds the migration lock until it commits."""
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as connection:
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
+            yield connection
+        return
+    database = engine.url.database
+    if engine.dialect.name == "sqlite" and database and database != ":memory:":
+        # SQLite runs DDL outside transactions (pysqlite), so processes take turns on a file lock
+        with open(f"{database}.migrate-lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            with engine.begin() as connection:
+                yield connection
+        return
+    with engine.begin() as connection:
+        yield connection

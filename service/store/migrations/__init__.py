@@ -1,0 +1,1 @@
+"""Alembic migrations of the Faultline schema (`service.store.migrate` runs them)."""
