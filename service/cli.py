@@ -48,6 +48,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--job-name", default="", metavar="N")
     p.add_argument("--framework", default=None, metavar="F")
 
+    p = sub.add_parser("eval", help="score diagnose on a folder of labelled logs, beside naive baselines",
+                       description="Diagnose every log listed in DIR/labels.jsonl (file, reason, category, origin, "
+                                   "root_cause_line) on a fresh temporary store and score the answers beside two "
+                                   "naive baselines: the first error line and the last exception line.")
+    p.add_argument("folder", metavar="DIR", help="a folder with labels.jsonl and the logs it names")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    p.add_argument("--split", default=None, metavar="S", help="only the logs of this split (dev or test)")
+
     p = sub.add_parser("db", help="the database schema (migrations)")
     p.add_argument("action", choices=["upgrade", "current"],
                    help="upgrade: bring the schema to the newest revision; current: print its revision")
@@ -271,6 +279,19 @@ def cmd_serve(args: argparse.Namespace, _out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
+    from pathlib import Path
+
+    from service import evaluate
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise _usage(f"{folder}: not a folder")
+    report = evaluate.run_eval(folder, split=args.split)
+    out.write(json.dumps(report.to_dict(), indent=2) + "\n" if args.json else evaluate.render(report))
+    return EXIT_OK
+
+
 def cmd_db(args: argparse.Namespace, out: TextIO) -> int:
     from service.store import migrate
     from service.store.db import Database
@@ -346,6 +367,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "compress": cmd_compress,
     "serve": cmd_serve,
     "db": cmd_db,
+    "eval": cmd_eval,
     "tail": cmd_tail,
     "rules": cmd_rules,
 }

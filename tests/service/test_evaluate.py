@@ -1,0 +1,77 @@
+"""`faultline eval`: the baselines, the scoring and the command on a small labelled folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.errors import BadInput
+from service.evaluate import Guess, Label, Scored, baselines, load_labels, score
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_baselines_take_the_first_error_and_the_last_exception() -> None:
+    lines = ["loading model", "WARNING: retrying after error 503", "Traceback (most recent call last):",
+             "KeyError: 'optimizer'", "During handling of the above exception, another exception occurred:",
+             "RuntimeError: CUDA error: an illegal memory access was encountered", "done"]
+    first, last = baselines(lines)
+    assert first == Guess("unknown", "unknown", "WARNING: retrying after error 503")
+    assert last == Guess("runtime_error", "user", lines[5])
+    assert baselines(["all good", "step 10 loss 2.3"]) == (Guess(None, None, None), Guess(None, None, None))
+
+
+def test_score_counts_reason_origin_line_hard_and_silent() -> None:
+    a = Label("a.log", "ecc_error", "infrastructure", "infrastructure", "ECC error", hard=True)
+    b = Label("b.log", "key_error", "script", "unknown", "KeyError: 'x'")
+    c = Label("c.log", None, None, None, None, status="healthy")
+    none = Guess(None, None, None)
+    results = [
+        Scored(a, Guess("ecc_error", "infrastructure", "[rank3] uncorrectable ECC error seen", "failed"), none, none, 1.0),
+        Scored(b, Guess(None, None, None, "running"), none, Guess("key_error", "user", "KeyError: 'x'"), 2.0),
+        Scored(c, Guess(None, None, None, "healthy"), none, none, 3.0),
+    ]
+    report = score(results)
+    assert report.figures["ours"] == {"reason": 0.667, "origin": 1.0, "line": 0.667, "hard_reason": 1.0, "silent": 0.5}
+    assert report.figures["last_exception"]["reason"] == 0.667  # b, and c where it names nothing
+    assert report.origin_known == 2 and report.hard == 1 and report.silent == ["b.log"]
+    assert report.seconds_per_log == 2.0
+    assert [m["file"] for m in report.mistakes] == ["b.log"]
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('{"file": "x.log"}', "missing"),
+    ('{"file": "x.log", "reason": "bad_reason", "category": null, "origin": "user", "root_cause_line": "x"}', "unknown reason"),
+    ('{"file": "gone.log", "reason": "key_error", "category": "script", "origin": "user", "root_cause_line": "x"}', "no file"),
+    ("not json", "not JSON"),
+])
+def test_a_bad_label_is_an_error_naming_its_line(tmp_path: Path, line: str, message: str) -> None:
+    (tmp_path / "x.log").write_text("KeyError: 'x'\n")
+    (tmp_path / "labels.jsonl").write_text(line + "\n")
+    with pytest.raises(BadInput, match=message):
+        load_labels(tmp_path)
+
+
+def test_the_command_scores_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "oom.log").write_text(
+        "step 10 loss 2.1\nTraceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+        "of 79.15 GiB of which 1.2 GiB is free.\n")
+    (tmp_path / "labels.jsonl").write_text(json.dumps(
+        {"file": "oom.log", "reason": "out_of_memory", "category": "framework", "origin": "user",
+         "root_cause_line": "torch.OutOfMemoryError: CUDA out of memory."}) + "\n")
+    env = {**os.environ, "FAULTLINE_DATA_DIR": str(tmp_path / "data")}
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "eval", str(tmp_path), "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["logs"] == 1 and report["figures"]["ours"]["reason"] == 1.0
+    assert not (tmp_path / "data").exists(), "eval must not write to the user's store"
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "eval", str(tmp_path / "nowhere")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "not a folder" in proc.stderr
