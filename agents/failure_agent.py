@@ -267,6 +267,30 @@ def choose(candidates: Sequence[Candidate]) -> Candidate | None:
     return min(candidates, key=lambda c: (-TIER_RANK[c.tier], c.chunk.order))
 
 
+GUESS_CONFIDENCE = 0.5
+"""A best guess is worth at most half of its vote's confidence: the reader is told to check."""
+
+
+def best_guess(retrieval: Retrieval, fatal_line: str | None) -> Decision | None:
+    """The failure is certain (the log says something stopped) but no candidate is sure: the
+    nearest incidents' reason for the line that says so, at a low confidence, rather than
+    silence. The line the run found fatal is preferred; else the error line the knowledge
+    base recognises best. Never a warning, structure, or text addressed to the agent."""
+    def usable(chunk: Chunk) -> bool:
+        return (chunk.error_like and not chunk.structural and not chunk.to_agent
+                and not _WARNING.search(chunk.message) and chunk.order in retrieval.votes)
+
+    pool = [c for c in retrieval.embedded if usable(c)]
+    if not pool:
+        return None
+    fatal = split_envelope(fatal_line).message.strip() if fatal_line else None
+    chosen = next((c for c in pool if c.message == fatal), None) or max(
+        pool, key=lambda c: (retrieval.votes[c.order].similarity, -c.order))
+    result = retrieval.votes[chosen.order]
+    return Decision(chosen.first, chosen, result.reason, result.origin, Tier.GENERIC,
+                    round(result.confidence * GUESS_CONFIDENCE, 2), SOURCE_EMBEDDED)
+
+
 # -- the LLM's answer ----------------------------------------------------------------------------
 class DecisionReply(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -399,6 +423,8 @@ class FailureAgent:
             decision, problems, attempts = self._ask(job, diagnosis, retrieval)
         if decision is None:
             decision = self._embedded(retrieval)
+            if decision is None and (diagnosis.root_cause is None or diagnosis.root_cause.reason == "unknown"):
+                decision = best_guess(retrieval, diagnosis.root_cause.line if diagnosis.root_cause else None)
             if decision is not None:
                 decision = replace(decision, attempts=attempts, problems=tuple(problems))
         report = {"backend": decision.backend if decision else "embedded", "chunks": len(retrieval.chunks),
@@ -515,9 +541,12 @@ class FailureAgent:
         if self.writeback is not None:
             result = self.writeback.suggest(job, decision, retrieval, mitigation)
             report["write_back"] = result
+            rule = result.pop("rule", None)
             if result.get("status") in ("pending", "active"):
                 out.suggested_rules.append({"id": result["id"], "kind": "diagnosis", "pattern": result["pattern"],
                                             "status": result["status"], "reason": decision.reason})
+                if rule is not None:
+                    out.rules_to_store = [*diagnosis.rules_to_store, rule]
         out.agent = report
         return out
 

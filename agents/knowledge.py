@@ -15,6 +15,7 @@ incidents that have no vector for this model yet.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from rules.packs import PACKS_DIR
 from rules.taxonomy import REASONS, reason
 
 REASONS_FILE = PACKS_DIR / "reasons.yaml"
+REAL_INCIDENTS_FILE = PACKS_DIR.parent / "corpus" / "real_incidents.jsonl"
 NEIGHBOURS = 8
 VOTE_SHARPNESS = 20.0
 """Weight of a neighbour is exp(sharpness * similarity): a close match outweighs several
@@ -115,9 +117,20 @@ def description_signs(description: str) -> list[str]:
     return [s for s in out if len(s) > 3]
 
 
+def load_real_incidents(path: Path = REAL_INCIDENTS_FILE) -> list[dict]:
+    """Root-cause lines of real failures people posted, labelled from how their threads
+    resolved them (the development split of fixtures/real; `python -m fixtures.real.merge`
+    writes it). A missing file leaves the rest of the knowledge."""
+    if not path.is_file():
+        return []
+    items = [json.loads(raw) for raw in path.read_text(encoding="utf-8").splitlines() if raw.strip()]
+    return [item for item in items if item.get("reason") in REASONS and item.get("line")]
+
+
 def seed_incidents(rules: Sequence[DiagnosisRule], descriptions: dict[str, str] | None = None) -> list[Incident]:
-    """The starting knowledge: one description per reason, and each built-in rule's
-    description and example lines (context rules excluded: they never name a cause)."""
+    """The starting knowledge: one description per reason, the root-cause lines of real
+    failures, and each built-in rule's description and example lines (context rules
+    excluded: they never name a cause)."""
     descriptions = load_reason_descriptions() if descriptions is None else descriptions
     out: dict[str, Incident] = {}
 
@@ -133,6 +146,11 @@ def seed_incidents(rules: Sequence[DiagnosisRule], descriptions: dict[str, str] 
         add("taxonomy", f"{words}: {entry.summary}", reason_id, entry.origin.value, tier, entry.mitigation, "taxonomy")
         for sign in description_signs(descriptions.get(reason_id, "")):
             add("taxonomy", f"{words}: {sign}", reason_id, entry.origin.value, tier, entry.mitigation, "taxonomy")
+    for item in load_real_incidents():
+        entry = reason(item["reason"])
+        origin = item["origin"] if item["origin"] != "unknown" else entry.origin.value
+        add("real", item["line"], item["reason"], origin, reason_tier(item["reason"], rules), entry.mitigation,
+            "real_corpus")
     for rule in rules:
         if rule.tier is Tier.CONTEXT or rule.source != "builtin":
             continue

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from rules.classifier import Classifier, DiagnosisProgram, RuleEvidence
+from rules.envelope import split_envelope
 from rules.family import job_family
 from rules.model import TIER_RANK, FilterRule, KeptLine, Tier
 from rules.progress import ProgressTracker
@@ -52,6 +53,19 @@ SNAPSHOT_FORMAT = 1
 _TRANSIENT = frozenset({"rulebook", "filter_program", "log_agent", "failure_agent", "_batch", "_flagged"})
 _EXCEPTION_LINE = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ")
 _TRACEBACK = "Traceback (most recent call last)"
+_BARE_EXCEPTION = re.compile(r"\s*(?:[A-Za-z_]\w*\.)+[A-Z][a-z]+[A-Za-z0-9]*: \S")
+"""A Python exception line with a dotted module path, whatever the class is called."""
+_FATAL = re.compile(
+    r"(?i)\b(?:error|fatal|exception|failed|failure|abort(?:ed)?|killed|died|crashed|panic|segmentation fault"
+    r"|core dumped)\b"
+    r"|\bexit ?code\W+-?[1-9]|\bexit status -?[1-9]|\bexited with (?:exit )?code -?[1-9]|\bsig(?:kill|term|bus|segv|abrt)\b")
+"""A line that says something stopped: an error, a fatal message, a signal, a non-zero exit.
+Such a line after the last progress of its file means the job failed, even when no rule
+knows its words (DESIGN: never silent)."""
+_NOT_FATAL = re.compile(r"\b[A-Z]\w*Warning\b|^\W*(?:WARNING|WARN|W\d{4})\b|\[W\d{3,4} |(?<!NCCL )\bWARN(?:ING)?\b"
+                        r"|\bwarning\b|\b(?:no|0|zero) (?:errors?|failures?)\b|\b(?:error|fail)[\w.]*\s*[:=]\s*0\b")
+"""Warnings, and counters of errors that are zero: lines that went on working. NCCL's own
+`NCCL WARN` lines are how it reports its errors, so they are not warnings here."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +192,8 @@ class JobRun:
         self.lines_cut = 0
         """Lines longer than the ingest limit: their head was kept, the rest skipped."""
         self._last_exception: KeptLine | None = None
+        self._fatal: dict[str, tuple[int, KeptLine]] = {}
+        """Per source: the first fatal-looking line after that source's latest progress line."""
         self._saw_traceback = False
         self._slice = AGENT_SLICE_BYTES
         self._learned_in_feed = False
@@ -262,7 +278,11 @@ class JobRun:
                         for k in kept]
                 self._flagged.clear()
             self._batch = set()
-        for line in kept:
+        for i, line in enumerate(kept):
+            if not line.error_like and self._saw_traceback and _BARE_EXCEPTION.match(split_envelope(line.text).message):
+                # the last line of a traceback, for an exception whose name says nothing of
+                # an error (`storage.client.QuorumLost: ...`): it is the failure itself
+                line = kept[i] = replace(line, error_like=True)
             self._classify(line)
         self.compressed.add(kept)
         return kept
@@ -293,8 +313,24 @@ class JobRun:
         self.classifier.feed(line)
         if _TRACEBACK in line.text:
             self._saw_traceback = True
-        elif _EXCEPTION_LINE.search(line.text):
+        elif _EXCEPTION_LINE.search(line.text) or _BARE_EXCEPTION.match(split_envelope(line.text).message):
             self._last_exception = line
+        if _FATAL.search(line.text) and not _NOT_FATAL.search(line.text):
+            held = self._fatal.get(line.source)
+            if held is None or held[1].line_number < self._progress_line(line.source):
+                self._fatal[line.source] = (self.classifier.seq, line)
+
+    def _progress_line(self, source: str) -> int:
+        run = self.sources.get(source)
+        last = run.progress.last_line if run is not None else None
+        return last[0] if last else 0
+
+    def fatal_line(self) -> KeptLine | None:
+        """The first fatal-looking line that no progress followed in its file, if any: the
+        earliest in time is the best guess of a cause when no rule knows the words."""
+        held = [(seq, line) for source, (seq, line) in self._fatal.items()
+                if line.line_number > self._progress_line(source)]
+        return min(held, key=lambda item: item[0])[1] if held else None
 
     def forward_error_lines(self, lines: Iterable[KeptLine]) -> None:
         """Lines the Log Agent judges error-like go to the classifier: those of the buffer being
@@ -428,6 +464,8 @@ class JobRun:
         if self.completed():
             diagnosis.status = JobStatus.HEALTHY.value
             return diagnosis
+        if self.fatal_line() is not None:
+            return self._unknown_failure(diagnosis)
         hang = self._hang(primary)
         if hang is not None:
             diagnosis.status = JobStatus.STALLED.value
@@ -438,7 +476,7 @@ class JobRun:
     def _unknown_failure(self, diagnosis: Diagnosis) -> Diagnosis:
         diagnosis.status = JobStatus.FAILED.value
         diagnosis.action, diagnosis.mitigation = nothing_found(JobStatus.FAILED)
-        line = self._last_exception
+        line = self._last_exception or self.fatal_line()
         if line is not None:
             diagnosis.root_cause = RootCauseView(
                 reason="unknown", category=None, origin="unknown", line=line.text,

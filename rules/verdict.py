@@ -62,10 +62,14 @@ class Diagnosis:
     rollback: dict[str, Any] | None = None
     """For a loss spike: the checkpoint to go back to and the steps to skip."""
     agent: dict[str, Any] | None = None
+    rules_to_store: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    """Rules the Failure Agent suggested, for the caller to store with the job (not part of
+    the JSON: `suggested_rules` says what they are)."""
     """What the Failure Agent did: backend, candidates, nearest incidents, write-back."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out.pop("rules_to_store")
         for optional in ("rollback", "agent"):
             if out[optional] is None:
                 out.pop(optional)

@@ -86,10 +86,10 @@ class Context:
 
     def after_run(self, run: JobRun, diagnosis: Diagnosis, *, entry: str = "cli",
                   session: Session | None = None, job_id: str | None = None) -> None:
-        """Count rule hits and metrics (in `session` when the caller stores the job in the
-        same transaction); a failure a rule resolved with confidence joins the Failure
-        Agent's knowledge base (as text: no model is loaded for it). Agents persist what
-        they learned themselves."""
+        """Count rule hits and metrics, store the diagnosis rules the Failure Agent suggested
+        (in `session` when the caller stores the job in the same transaction); a failure a
+        rule resolved with confidence joins the Failure Agent's knowledge base (as text: no
+        model is loaded for it). The Log Agent persists its filter rules itself."""
         result = diagnosis.to_dict()
         self.metrics.observe_diagnosis(result, entry=entry)
         hits: dict[str, int] = {}
@@ -99,12 +99,19 @@ class Context:
         for found in run.classifier.found.values():
             hits[found.rule.id] = hits.get(found.rule.id, 0) + found.count
         if session is not None:
-            store.add_hits(session, hits)
-            self._confirm(session, result, job_id)
+            self._record(session, diagnosis, result, hits, job_id)
             return
         with self.db.session() as own:
-            store.add_hits(own, hits)
-            self._confirm(own, result, job_id)
+            self._record(own, diagnosis, result, hits, job_id)
+
+    def _record(self, session: Session, diagnosis: Diagnosis, result: dict[str, Any], hits: dict[str, int],
+                job_id: str | None) -> None:
+        store.add_hits(session, hits)
+        if diagnosis.rules_to_store:
+            from service.agents.failure import store_suggested_rules
+
+            store_suggested_rules(session, diagnosis)
+        self._confirm(session, result, job_id)
 
     def _confirm(self, session: Session, result: dict[str, Any], job_id: str | None) -> None:
         if self.settings.failure_agent:

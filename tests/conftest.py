@@ -113,3 +113,13 @@ def minilm():
     from agents.vector_store import load_minilm
 
     return load_minilm()
+
+
+@pytest.fixture(scope="session")
+def builtin_rulebook():
+    """The built-in rule packs, parsed and compiled once for the whole run (about a second
+    each time otherwise). A Rulebook is not changed by the runs that use it: learned rules
+    make new programs (`Rulebook.extend`), so sharing it changes no test's outcome."""
+    from rules.rulebook import Rulebook
+
+    return Rulebook()

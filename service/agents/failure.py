@@ -12,6 +12,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
 from agents.embeddings import Embedder, LazyEmbedder
 from agents.failure_agent import Decision, FailureAgent, Retrieval
 from agents.knowledge import KnowledgeBase, seed_incidents
@@ -112,16 +115,14 @@ class StoreWriteBack:
             "job": {"name": job.meta.name, "framework": job.meta.framework, "file": decision.line.source,
                     "line_number": decision.line.line_number},
         }
-        with self.db.session() as session:
-            row = store.add_rule(session, actor=ACTOR, id=candidate.id, kind=RuleKind.DIAGNOSIS.value,
-                                 status=status.value, scope=candidate.scope, source=candidate.source,
-                                 patterns=list(candidate.patterns), reason=candidate.reason, tier=candidate.tier.value,
-                                 origin=candidate.origin.value, action=candidate.action.value,
-                                 mitigation=candidate.mitigation, description=candidate.description,
-                                 provenance=provenance)
-            if status is RuleStatus.ACTIVE:
-                incidents.confirm_approved_rule(session, row)
-        return {"status": status.value, "id": candidate.id, "pattern": p}
+        # returned, not stored: the caller stores it in the job's own transaction (a rule
+        # suggested for a job whose upload then fails is not left behind)
+        rule = {"id": candidate.id, "kind": RuleKind.DIAGNOSIS.value, "status": status.value,
+                "scope": candidate.scope, "source": candidate.source, "patterns": list(candidate.patterns),
+                "reason": candidate.reason, "tier": candidate.tier.value, "origin": candidate.origin.value,
+                "action": candidate.action.value, "mitigation": candidate.mitigation,
+                "description": candidate.description, "provenance": provenance}
+        return {"status": status.value, "id": candidate.id, "pattern": p, "rule": rule}
 
     def _job_conflicts(self, candidate: DiagnosisRule, rules_in_force: list[DiagnosisRule],
                        jobs: list[tuple[Any, str, str, list[KeptLine]]]) -> list[Conflict]:
@@ -150,6 +151,25 @@ class StoreWriteBack:
         if candidate is not None:
             out.update(id=candidate.id, pattern=candidate.patterns[0])
         return out | extra
+
+
+def store_suggested_rules(session: Session, diagnosis: Diagnosis) -> list[str]:
+    """Store the rules the Failure Agent suggested for this diagnosis, in the caller's
+    transaction; a rule another replica stored meanwhile is left as it is. Returns the ids
+    stored."""
+    stored = []
+    for rule in diagnosis.rules_to_store:
+        if store.get_rule(session, rule["id"]) is not None:
+            continue
+        try:
+            with session.begin_nested():
+                row = store.add_rule(session, actor=ACTOR, **rule)
+                if row.status == RuleStatus.ACTIVE:
+                    incidents.confirm_approved_rule(session, row)
+        except IntegrityError:
+            continue  # suggested by another replica at the same moment: one row is enough
+        stored.append(rule["id"])
+    return stored
 
 
 class LazyFailureAgent:

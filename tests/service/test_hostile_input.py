@@ -147,8 +147,8 @@ def test_100000_ranks_give_one_answer_of_bounded_size(tmp_path) -> None:
     assert len(json.dumps(result)) < 16_384
 
 
-def test_100000_ranks_cost_bounded_memory_in_the_classifier() -> None:
-    run = JobRun(Rulebook(), JobMeta(framework="megatron"))
+def test_100000_ranks_cost_bounded_memory_in_the_classifier(builtin_rulebook) -> None:
+    run = JobRun(builtin_rulebook, JobMeta(framework="megatron"))
     data = hundred_thousand_ranks()
     start = 0
     while start < len(data):  # whole-line buffers of about 4 MB, as ingest makes them

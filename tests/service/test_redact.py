@@ -48,26 +48,26 @@ def test_ordinary_lines_are_left_alone(line: str) -> None:
     assert Redactor().redact(line) == line
 
 
-def test_a_job_state_snapshot_holds_no_secret() -> None:
+def test_a_job_state_snapshot_holds_no_secret(builtin_rulebook) -> None:
     """A live job's state is stored between appends: the raw tail it keeps is redacted too."""
     from rules.job import JobMeta, JobRun
     from rules.rulebook import Rulebook
 
-    run = JobRun(Rulebook(), JobMeta(name="gpt-7b-20250301-ab12cd"))
+    run = JobRun(builtin_rulebook, JobMeta(name="gpt-7b-20250301-ab12cd"))
     secrets = [secret for _, secret in SECRETS]
     run.feed("rank0.log", ("\n".join(line for line, _ in SECRETS) + "\n").encode())
     blob = run.snapshot()
     assert not [secret for secret in secrets if secret.encode() in blob]
 
 
-def test_a_private_key_in_a_live_jobs_tail_stays_masked_across_lines_and_appends() -> None:
+def test_a_private_key_in_a_live_jobs_tail_stays_masked_across_lines_and_appends(builtin_rulebook) -> None:
     """The tail is redacted as a stream: the body of a key block (no trigger word of its own)
     is masked, also when the block began in an earlier append or before the tail's lines."""
     from rules.job import TAIL_LINES, JobMeta, JobRun
     from rules.rulebook import Rulebook
 
     body = ["MIIEowIBAAKCAQEAvJ3kQ8vN2pLm5tR7wX1cB4nM6jH9gF0dS2aQyZ3k", "Q8vN2pLm5tR7wX1cB4nM6jH9gF0dS2aQyZ3kQ8vN"]
-    run = JobRun(Rulebook(), JobMeta(name="gpt-7b-20250301-ab12cd"))
+    run = JobRun(builtin_rulebook, JobMeta(name="gpt-7b-20250301-ab12cd"))
     filler = [f"[default0]: iteration {i:8d}/  100000 | lm loss: 6.2E+00 |" for i in range(2 * TAIL_LINES)]
     head = ["deploy key loaded:", "-----BEGIN RSA PRIVATE KEY-----", body[0]]
     run.feed("rank0.log", ("\n".join(head) + "\n").encode())

@@ -25,8 +25,8 @@ BOX = [
 ]
 
 
-def test_the_failure_box_gives_the_node_of_the_rank_that_failed() -> None:
-    run = JobRun(Rulebook())
+def test_the_failure_box_gives_the_node_of_the_rank_that_failed(builtin_rulebook) -> None:
+    run = JobRun(builtin_rulebook)
     lines = ["[default4]:[rank12]:[E314 09:15:00.227531918 ProcessGroupNCCL.cpp:1515] [PG 0 (default_pg) Rank 12] "
              "Process group watchdog thread terminated with exception: CUDA error: uncorrectable ECC error encountered",
              *BOX]
@@ -38,8 +38,8 @@ def test_the_failure_box_gives_the_node_of_the_rank_that_failed() -> None:
     assert "dgx-042" in diagnosis.mitigation
 
 
-def test_a_box_of_another_rank_names_no_node_for_this_one() -> None:
-    run = JobRun(Rulebook())
+def test_a_box_of_another_rank_names_no_node_for_this_one(builtin_rulebook) -> None:
+    run = JobRun(builtin_rulebook)
     lines = ["[default1]:[rank9]:[E314 09:15:00.227531918 ProcessGroupNCCL.cpp:1515] [PG 0 (default_pg) Rank 9] "
              "Process group watchdog thread terminated with exception: CUDA error: uncorrectable ECC error encountered",
              *BOX]
@@ -55,17 +55,17 @@ def _ib_failure(node: int) -> str:
             "localGid ::ffff:29.87.88.182 remoteGids::ffff:29.87.4.221")
 
 
-def test_one_node_with_a_fabric_error_is_cordoned() -> None:
-    run = JobRun(Rulebook())
+def test_one_node_with_a_fabric_error_is_cordoned(builtin_rulebook) -> None:
+    run = JobRun(builtin_rulebook)
     run.feed("job.log", (_ib_failure(7) + "\n").encode())
     diagnosis = run.finish()
     assert diagnosis.root_cause.reason == "network_error"
     assert diagnosis.suspect_nodes == ["gpu-007"] and diagnosis.action == "cordon_and_restart"
 
 
-def test_the_same_fabric_error_from_many_nodes_cordons_none_of_them() -> None:
+def test_the_same_fabric_error_from_many_nodes_cordons_none_of_them(builtin_rulebook) -> None:
     # twelve nodes losing their links at once is the switch or the fabric, not twelve bad nodes
-    run = JobRun(Rulebook())
+    run = JobRun(builtin_rulebook)
     run.feed("job.log", ("\n".join(_ib_failure(n) for n in range(1, 13)) + "\n").encode())
     diagnosis = run.finish()
     assert diagnosis.root_cause.reason == "network_error"

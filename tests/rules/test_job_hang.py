@@ -15,9 +15,9 @@ from rules.job import JobRun
 from rules.rulebook import Rulebook
 
 
-@pytest.fixture(scope="module")
-def rulebook() -> Rulebook:
-    return Rulebook()
+@pytest.fixture
+def rulebook(builtin_rulebook: Rulebook) -> Rulebook:
+    return builtin_rulebook
 
 
 def _diagnose(rulebook: Rulebook, lines: list[str]):

@@ -1,0 +1,70 @@
+"""The job run as the agents see it (JobView), and a failure that no rule knows: never silent."""
+
+from __future__ import annotations
+
+import pytest
+
+from rules.job import JobMeta, JobRun, JobView
+from rules.model import KeptLine
+from rules.rulebook import Rulebook
+
+
+STEP = (" [2025-03-31 05:54:07] iteration       {step}/  242204 | consumed samples:        50400 | elapsed time per "
+        "iteration (ms): 1552.8 | learning rate: 8.000000E-06 | global batch size:  1008 | lm loss: 6.258318E+00 | "
+        "loss scale: 1.0 | grad norm: 1.520 | number of skipped iterations:   0 | number of nan iterations:   0 |")
+
+
+def _run(rulebook: Rulebook, lines: list[str], **meta) -> JobRun:
+    run = JobRun(rulebook, JobMeta(**meta))
+    run.feed("job.log", ("\n".join(lines) + "\n").encode())
+    return run
+
+
+def test_the_view_shows_the_run_read_only_and_forwards_lines(builtin_rulebook: Rulebook) -> None:
+    run = _run(builtin_rulebook, [
+        "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        STEP.format(step=50),
+        "checkpoint saved at step 50",
+    ], name="gpt-7b-20250301-ab12cd", framework="megatron")
+    view = run.view()
+    assert isinstance(view, JobView)
+    assert view.meta.family == "gpt-7b" and view.meta.framework == "megatron"
+    assert [line.text for line in view.kept_lines()] == [line.text for line in run.compressed.lines()]
+    assert view.found is run.classifier.found and any(f.rule.reason == "out_of_memory" for f in view.found.values())
+    assert view.diagnosis_program is run.classifier.program
+    assert view.default_node("job.log") is None
+    with pytest.raises(AttributeError):
+        view.classifier  # noqa: B018 - the internals are not part of the view
+    with pytest.raises(AttributeError):
+        view.meta = JobMeta()
+    before = len(view.found)
+    view.forward_error_lines([KeptLine(99, "storage client: QuorumLost: 2 of 3 replicas unreachable", False, "job.log")])
+    assert len(view.found) >= before  # forwarded lines reach the classifier through the run
+
+
+@pytest.mark.parametrize(("lines", "root"), [
+    (["building extension fused_adam", "g++ -c csrc/adam/fused_adam.cpp -o fused_adam.o",
+      "csrc/includes/context.h:7:10: fatal error: cuda_runtime.h: No such file or directory"],
+     "fatal error: cuda_runtime.h: No such file or directory"),
+    (["reading shard 00042 from s3://bucket/data", "Curl returned error code 55"], "Curl returned error code 55"),
+    ([STEP.format(step=10), "Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
+      "    shard = store.read(key)", "storage.client.QuorumLost: 2 of 3 replicas unreachable"],
+     "storage.client.QuorumLost: 2 of 3 replicas unreachable"),
+    (["epoch 3: reading batch", "storage client died: quorum 2 of 3 lost, error 14"], "storage client died"),
+])
+def test_a_fatal_line_no_rule_knows_is_a_failure_naming_that_line(builtin_rulebook: Rulebook, lines: list[str],
+                                                                    root: str) -> None:
+    d = _run(builtin_rulebook, lines).finish()
+    assert d.status == "failed"
+    assert d.root_cause is not None and root in d.root_cause.line
+
+
+@pytest.mark.parametrize("lines", [
+    # an error that training got past, then progress: still running
+    ["Connection error while fetching config, retrying", STEP.format(step=10), STEP.format(step=11)],
+    # warnings and counters of zero errors are not failures
+    ["UserWarning: TypedStorage is deprecated and will fail in a future release", STEP.format(step=10)],
+    [STEP.format(step=10), "validation: 0 errors, 12 samples"],
+])
+def test_lines_that_went_on_working_do_not_fail_a_job(builtin_rulebook: Rulebook, lines: list[str]) -> None:
+    assert _run(builtin_rulebook, lines).finish().status == "running"
