@@ -7,7 +7,7 @@ DEMO_LOG ?= fixtures/logs/cases/megatron/ecc_error.log
 # after); with no server there, that run is skipped with the reason
 TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: install chromium demo serve test test-sqlite test-postgres bench bench-agent load-bench fixtures screenshots real-llm bench-real-llm test-real-llm
+.PHONY: install chromium demo serve test test-sqlite test-postgres bench eval bench-agent load-bench fixtures screenshots real-llm bench-real-llm test-real-llm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,13 @@ test-postgres: install chromium
 bench: install
 	@command -v rg >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq ripgrep >/dev/null; } || echo "warning: ripgrep is missing: its column will be empty"
 	$(BIN)/python -m bench.filter_bench
+	# right on real logs it was never tuned on: the real corpus's test split, beside the baselines
+	$(BIN)/faultline eval fixtures/real --split test
+
+# the same table for both splits (dev: what the rules and the knowledge base were tuned on)
+eval: install
+	$(BIN)/faultline eval fixtures/real --split dev
+	$(BIN)/faultline eval fixtures/real --split test
 
 load-bench: install
 	$(BIN)/python -m bench.load_bench

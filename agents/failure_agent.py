@@ -48,7 +48,7 @@ from rules.envelope import split_envelope
 from rules.locate import locate
 from rules.model import TIER_RANK, DiagnosisRule, KeptLine, Tier
 from rules.taxonomy import REASONS, Action, Origin, reason
-from rules.verdict import Diagnosis, RootCauseView, rule_id_of
+from rules.verdict import Diagnosis, RootCauseView, agent_may_replace, rule_id_of
 
 if TYPE_CHECKING:
     from rules.job import JobView
@@ -238,25 +238,12 @@ def _candidate(chunk: Chunk, result: Vote | None) -> Candidate | None:
 
 
 def _outweighs_rules(job: JobView, diagnosis: Diagnosis, decision: Decision) -> bool:
-    """Whether the agent's line may replace the root cause the rules named.
-
-    The agent is asked because the rules' answer is weak (a symptom such as an NCCL timeout,
-    a generic error with a rival), not because it is wrong: it replaces that answer only with
-    a line of a stronger tier than the rules' own line, and at least a recognised cause. A
-    line the knowledge base only loosely recognises (generic) never overrides a rule.
-    """
+    """The verdict's rule for what an agent answer may replace (`rules.verdict.agent_may_replace`)."""
     root = diagnosis.root_cause
-    if root is None or root.reason == "unknown" or rule_id_of(root.source) is None:
-        return True
-    if decision.line.text == root.line:
-        return True
-    rule_id = rule_id_of(root.source)
-    rule = next((f.rule for f in job.found.values() if f.rule.id == rule_id), None)
-    rule_rank = TIER_RANK[rule.tier] if rule is not None else TIER_RANK[Tier.CAUSE]
-    rank = TIER_RANK[decision.tier]
-    if decision.reason == root.reason:
-        return rank >= rule_rank  # it agrees, and may name another occurrence (another rank's line)
-    return rank > rule_rank and rank >= TIER_RANK[Tier.CAUSE]
+    rule_id = rule_id_of(root.source) if root is not None else None
+    rule = next((f.rule for f in job.found.values() if f.rule.id == rule_id), None) if rule_id else None
+    return agent_may_replace(root, rule.tier if rule is not None else None, decision.line.text,
+                             decision.reason, decision.tier)
 
 
 def choose(candidates: Sequence[Candidate]) -> Candidate | None:

@@ -19,21 +19,10 @@ from typing import Protocol
 from rules.classifier import Classifier, DiagnosisProgram, RuleEvidence
 from rules.envelope import split_envelope
 from rules.family import job_family
-from rules.model import TIER_RANK, FilterRule, KeptLine, Tier
+from rules.model import FilterRule, KeptLine, Tier
 from rules.progress import ProgressTracker
-from rules.rootcause import choose_root_cause
-from rules.taxonomy import JobStatus
 from rules.timestamps import TimestampReader
-from rules.verdict import (
-    CONFIDENT,
-    Diagnosis,
-    RootCauseView,
-    from_hang,
-    from_rule,
-    from_spike,
-    nothing_found,
-    other_errors_view,
-)
+from rules.verdict import Diagnosis, Facts, RootCauseView, decide, from_hang, needs_agent
 from rules.redact import Redactor
 from rules.rulebook import Rulebook
 
@@ -396,93 +385,29 @@ class JobRun:
         for run in self.sources.values():
             run.progress.spikes.finish()
         diagnosis = self._rule_diagnosis()
-        if self.failure_agent is not None and self._needs_agent(diagnosis):
+        if self.failure_agent is not None and needs_agent(diagnosis):
             better = self.failure_agent.diagnose(self.view(), diagnosis)
             if better is not None:
                 diagnosis = better
         diagnosis.suggested_rules = [*self.suggested, *diagnosis.suggested_rules]
         return diagnosis
 
-    @staticmethod
-    def _needs_agent(diagnosis: Diagnosis) -> bool:
-        root = diagnosis.root_cause
-        if diagnosis.status != JobStatus.FAILED.value:
-            return False
-        return root is None or root.reason == "unknown" or root.confidence < CONFIDENT
-
     def primary_progress(self) -> SourceRun | None:
         runs = [r for r in self.sources.values() if r.progress.points_seen]
         return max(runs, key=lambda r: (r.progress.last_step or 0, r.progress.points_seen)) if runs else None
 
     def _rule_diagnosis(self) -> Diagnosis:
-        root, others = choose_root_cause(self.classifier.found)
+        """The rules' verdict (`rules.verdict.decide`) on what this run has seen so far."""
         primary = self.primary_progress()
-        spike = primary.progress.spikes.failed if primary else None
-        diagnosis = Diagnosis(status=JobStatus.RUNNING.value, root_cause=None,
-                              action="none", mitigation="", progress=self.progress_summary(),
-                              compression=self.compression_summary(), filtered=self.filtered_summary())
-        diagnosis.other_errors = other_errors_view(others)
-        if root is not None and spike is not None and (root.rule.reason == "loss_spike"
-                                                        or TIER_RANK[root.rule.tier] <= TIER_RANK[Tier.SYMPTOM]):
-            # the metrics saw the loss go first: the NaN check or the kill that followed is
-            # its consequence, and the spike's own line is the earliest evidence
-            view, mitigation, rollback = from_spike(spike, list(primary.progress.checkpoints), primary.name)
-            diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, "rollback_and_skip"
-            diagnosis.mitigation, diagnosis.rollback = mitigation, rollback
-            return diagnosis
-        if root is not None and root.rule.reason == "job_cancelled" and spike is None:
-            hang = self._hang(primary)
-            if hang is not None:
-                # progress had stopped long before the scheduler (or a person) ended the job:
-                # the cancellation is how the hang ended, not why the job was lost
-                diagnosis.status, diagnosis.action = JobStatus.FAILED.value, "restart"
-                diagnosis.root_cause, diagnosis.mitigation = hang
-                ev = root.evidence
-                diagnosis.other_errors = [{"reason": root.rule.reason, "line": ev.line, "line_number": ev.line_number,
-                                           "count": root.count, "rule": root.rule.id, "file": ev.source},
-                                          *diagnosis.other_errors]
-                return diagnosis
-        if root is not None:
-            node = self.classifier.node_of(root.evidence)
-            if node is not None and root.evidence.node is None:
-                root = replace(root, evidence=replace(root.evidence, node=node),
-                               nodes=tuple(sorted({*root.nodes, node})))
-            view, action, nodes, mitigation = from_rule(root, others)
-            diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, action
-            diagnosis.suspect_nodes, diagnosis.mitigation = nodes, mitigation
-            if root.rule.reason == "loss_spike" and spike is not None:
-                diagnosis.rollback = from_spike(spike, list(primary.progress.checkpoints), primary.name)[2]
-            return diagnosis
-        if spike is not None:
-            view, mitigation, rollback = from_spike(spike, list(primary.progress.checkpoints), primary.name)
-            diagnosis.root_cause, diagnosis.action = view, "rollback_and_skip"
-            diagnosis.mitigation, diagnosis.rollback = mitigation, rollback
-            diagnosis.status = JobStatus.RUNNING.value if not self._saw_traceback else JobStatus.FAILED.value
-            return diagnosis
-        if self._saw_traceback or self._last_exception is not None or self._launcher_saw_failure():
-            return self._unknown_failure(diagnosis)
-        if self.completed():
-            diagnosis.status = JobStatus.HEALTHY.value
-            return diagnosis
-        if self.fatal_line() is not None:
-            return self._unknown_failure(diagnosis)
-        hang = self._hang(primary)
-        if hang is not None:
-            diagnosis.status = JobStatus.STALLED.value
-            diagnosis.root_cause, diagnosis.mitigation = hang
-            diagnosis.action = "restart"
-        return diagnosis
-
-    def _unknown_failure(self, diagnosis: Diagnosis) -> Diagnosis:
-        diagnosis.status = JobStatus.FAILED.value
-        diagnosis.action, diagnosis.mitigation = nothing_found(JobStatus.FAILED)
-        line = self._last_exception or self.fatal_line()
-        if line is not None:
-            diagnosis.root_cause = RootCauseView(
-                reason="unknown", category=None, origin="unknown", line=line.text,
-                line_number=line.line_number, file=line.source, rank=None, node=None,
-                confidence=0.0, source="unmatched")
-        return diagnosis
+        fatal = self.fatal_line()
+        traced = self._saw_traceback or self._last_exception is not None or self._launcher_saw_failure()
+        return decide(Facts(
+            found=self.classifier.found, spike=primary.progress.spikes.failed if primary else None,
+            checkpoints=list(primary.progress.checkpoints) if primary else [],
+            progress_source=primary.name if primary else None, hang=lambda: self._hang(primary),
+            node_of=self.classifier.node_of, traceback=self._saw_traceback, failure_traced=traced, failure_line=self._last_exception or fatal,
+            fatal=fatal is not None, completed=self.completed(), progress=self.progress_summary(),
+            compression=self.compression_summary(), filtered=self.filtered_summary()))
 
     def _launcher_saw_failure(self) -> bool:
         """A launcher or a crash left its trace (a non-zero exit in srun's summary or the

@@ -1,15 +1,20 @@
-"""The diagnosis: assembling what the classifier, the progress tracker and the agents found
-into the contract's JSON shape (DESIGN.md, "Diagnosis (JSON)")."""
+"""The verdict, in one place: from what the classifier, the progress tracker and the launcher
+traces found, the job's status and root cause (`decide`), whether the Failure Agent is asked
+(`needs_agent`) and what its answer may replace (`agent_may_replace`); and the Diagnosis in
+the contract's JSON shape (DESIGN.md, "Diagnosis (JSON)"). Which co-occurring error is the
+root cause is `rules/rootcause.py`'s evidence policy, which `decide` applies."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rules.anomaly import Spike
-from rules.classifier import render_mitigation
+from rules.classifier import RuleEvidence, render_mitigation
+from rules.model import TIER_RANK, Evidence, KeptLine, Tier
 from rules.progress import Checkpoint
-from rules.rootcause import OtherError, RootCause
+from rules.rootcause import OtherError, RootCause, choose_root_cause
 from rules.taxonomy import Action, JobStatus, Origin, reason
 
 
@@ -165,3 +170,137 @@ def nothing_found(status: JobStatus) -> tuple[str, str]:
     if status is JobStatus.FAILED:
         return Action.INVESTIGATE.value, reason("unknown").mitigation
     return Action.NONE.value, ""
+
+
+# -- the decision ------------------------------------------------------------------------------------
+HangFinder = Callable[[], "tuple[RootCauseView, str] | None"]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a job's run knows when asked for its verdict (`rules.job.JobRun` gathers it)."""
+
+    found: Mapping[str, RuleEvidence]
+    """What the diagnosis rules matched, by rule id."""
+    spike: Spike | None
+    """A loss spike the metrics of the primary source show."""
+    checkpoints: list[Checkpoint]
+    progress_source: str | None
+    hang: HangFinder
+    """The post-hoc hang, if the log shows one: looked for only where it matters."""
+    node_of: Callable[[Evidence], str | None]
+    traceback: bool
+    """A Python traceback was seen."""
+    failure_traced: bool
+    """A traceback, an exception line or a launcher's failure trace was seen."""
+    failure_line: KeptLine | None
+    """The line to name when no rule knows the failure: the last exception line, else the
+    first fatal-looking line that no progress followed."""
+    fatal: bool
+    """A fatal-looking line that no progress followed (see `rules.job`)."""
+    completed: bool
+    """The log says training ended normally."""
+    progress: dict[str, Any] = field(default_factory=dict)
+    compression: dict[str, Any] = field(default_factory=dict)
+    filtered: list[dict[str, Any]] = field(default_factory=list)
+
+
+def decide(facts: Facts) -> Diagnosis:
+    """Status and root cause, by precedence: a loss spike the metrics saw before what killed
+    the job; a cancellation long after progress stopped is a hang; the rules' root cause;
+    a spike alone; a failure no rule knows (never silent); a clean end; a hang; running."""
+    root, others = choose_root_cause(facts.found)
+    spike = facts.spike
+    diagnosis = Diagnosis(status=JobStatus.RUNNING.value, root_cause=None, action="none", mitigation="",
+                          progress=facts.progress, compression=facts.compression, filtered=facts.filtered)
+    diagnosis.other_errors = other_errors_view(others)
+    if root is not None and spike is not None and (root.rule.reason == "loss_spike"
+                                                    or TIER_RANK[root.rule.tier] <= TIER_RANK[Tier.SYMPTOM]):
+        # the metrics saw the loss go first: the NaN check or the kill that followed is its
+        # consequence, and the spike's own line is the earliest evidence
+        view, mitigation, rollback = from_spike(spike, facts.checkpoints, facts.progress_source)
+        diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, "rollback_and_skip"
+        diagnosis.mitigation, diagnosis.rollback = mitigation, rollback
+        return diagnosis
+    if root is not None and root.rule.reason == "job_cancelled" and spike is None:
+        hang = facts.hang()
+        if hang is not None:
+            # progress had stopped long before the scheduler (or a person) ended the job: the
+            # cancellation is how the hang ended, not why the job was lost
+            diagnosis.status, diagnosis.action = JobStatus.FAILED.value, "restart"
+            diagnosis.root_cause, diagnosis.mitigation = hang
+            ev = root.evidence
+            diagnosis.other_errors = [{"reason": root.rule.reason, "line": ev.line, "line_number": ev.line_number,
+                                       "count": root.count, "rule": root.rule.id, "file": ev.source},
+                                      *diagnosis.other_errors]
+            return diagnosis
+    if root is not None:
+        node = facts.node_of(root.evidence)
+        if node is not None and root.evidence.node is None:
+            root = replace(root, evidence=replace(root.evidence, node=node), nodes=tuple(sorted({*root.nodes, node})))
+        view, action, nodes, mitigation = from_rule(root, others)
+        diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, action
+        diagnosis.suspect_nodes, diagnosis.mitigation = nodes, mitigation
+        if root.rule.reason == "loss_spike" and spike is not None:
+            diagnosis.rollback = from_spike(spike, facts.checkpoints, facts.progress_source)[2]
+        return diagnosis
+    if spike is not None:
+        view, mitigation, rollback = from_spike(spike, facts.checkpoints, facts.progress_source)
+        diagnosis.root_cause, diagnosis.action = view, "rollback_and_skip"
+        diagnosis.mitigation, diagnosis.rollback = mitigation, rollback
+        # a traceback after the spike ended the job; without one it may still be training
+        diagnosis.status = JobStatus.FAILED.value if facts.traceback else JobStatus.RUNNING.value
+        return diagnosis
+    if facts.failure_traced:
+        return _unknown_failure(diagnosis, facts.failure_line)
+    if facts.completed:
+        diagnosis.status = JobStatus.HEALTHY.value
+        return diagnosis
+    if facts.fatal:
+        return _unknown_failure(diagnosis, facts.failure_line)
+    hang = facts.hang()
+    if hang is not None:
+        diagnosis.status = JobStatus.STALLED.value
+        diagnosis.root_cause, diagnosis.mitigation = hang
+        diagnosis.action = "restart"
+    return diagnosis
+
+
+def _unknown_failure(diagnosis: Diagnosis, line: KeptLine | None) -> Diagnosis:
+    diagnosis.status = JobStatus.FAILED.value
+    diagnosis.action, diagnosis.mitigation = nothing_found(JobStatus.FAILED)
+    if line is not None:
+        diagnosis.root_cause = RootCauseView(
+            reason="unknown", category=None, origin="unknown", line=line.text, line_number=line.line_number,
+            file=line.source, rank=None, node=None, confidence=0.0, source="unmatched")
+    return diagnosis
+
+
+def needs_agent(diagnosis: Diagnosis) -> bool:
+    """The Failure Agent is asked when the job failed and the rules named no cause, or named
+    one without confidence."""
+    root = diagnosis.root_cause
+    if diagnosis.status != JobStatus.FAILED.value:
+        return False
+    return root is None or root.reason == "unknown" or root.confidence < CONFIDENT
+
+
+def agent_may_replace(root: RootCauseView | None, rule_tier: Tier | None, line: str, reason_id: str,
+                      tier: Tier) -> bool:
+    """Whether an agent's answer (`line`, `reason_id` at `tier`) may replace the root cause
+    the rules named (`rule_tier`: the tier of the rule behind it, when known).
+
+    The agent is asked because the rules' answer is weak (a symptom such as an NCCL timeout,
+    a generic error with a rival), not because it is wrong: it replaces that answer only with
+    a line of a stronger tier than the rules' own line, and at least a recognised cause. A
+    line the knowledge base only loosely recognises (generic) never overrides a rule.
+    """
+    if root is None or root.reason == "unknown" or rule_id_of(root.source) is None:
+        return True
+    if line == root.line:
+        return True
+    rule_rank = TIER_RANK[rule_tier] if rule_tier is not None else TIER_RANK[Tier.CAUSE]
+    rank = TIER_RANK[tier]
+    if reason_id == root.reason:
+        return rank >= rule_rank  # it agrees, and may name another occurrence (another rank's line)
+    return rank > rule_rank and rank >= TIER_RANK[Tier.CAUSE]

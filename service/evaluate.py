@@ -245,8 +245,10 @@ def evaluate(folder: Path, labels: Sequence[Label], diagnose: Callable[[Path], d
     return results
 
 
-def run_eval(folder: Path, *, split: str | None, settings_overrides: dict[str, Any] | None = None) -> Report:
-    """Score `diagnose` with the settings in force, on a fresh store in a temporary folder."""
+def run_eval(folder: Path, *, split: str | None, settings_overrides: dict[str, Any] | None = None,
+             embedder: object | None = None) -> Report:
+    """Score `diagnose` with the settings in force, on a fresh store in a temporary folder
+    (`embedder` lets a caller that has the model loaded share it)."""
     from rules.job import JobMeta
     from service.context import Context
     from service.ingest.sources import feed_path
@@ -255,7 +257,7 @@ def run_eval(folder: Path, *, split: str | None, settings_overrides: dict[str, A
     labels = load_labels(folder, split)
     with tempfile.TemporaryDirectory(prefix="faultline-eval-") as tmp:
         settings = load_settings(data_dir=Path(tmp), database_url="", **(settings_overrides or {}))
-        with Context.open(settings) as ctx:
+        with Context.open(settings, embedder=embedder) as ctx:
             def diagnose(path: Path) -> dict[str, Any]:
                 run = ctx.new_run(JobMeta())
                 feed_path(run, str(path))

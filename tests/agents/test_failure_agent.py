@@ -15,6 +15,7 @@ from rules.envelope import split_envelope
 from service.context import Context
 from rules.job import JobMeta, JobRun
 from rules.rulebook import Rulebook
+from rules.verdict import needs_agent
 from service.settings import Settings
 from service.ingest.sources import feed_path
 
@@ -55,7 +56,7 @@ def test_no_built_in_rule_resolves_a_novel_failure(label) -> None:
     run = JobRun(rulebook, JobMeta())
     run.feed(label["file"], text.encode())
     diagnosis = run.finish()
-    assert diagnosis.status == "failed" and JobRun._needs_agent(diagnosis)
+    assert diagnosis.status == "failed" and needs_agent(diagnosis)
     root = diagnosis.root_cause
     assert root is None or root.reason == "unknown" or root.line != label["root_cause_line"]
 
