@@ -93,9 +93,11 @@ _TO_THE_AGENT = re.compile(
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _WARNING = re.compile(r"\b[A-Z]\w*Warning: |^\s*(?:WARNING|WARN)\b|\[WARNING\]|\[W(?:\d{3,4} | \w)")
 """Python's and loggers' warnings: they report something that went on working."""
-_NODE_IN_TEXT = re.compile(r"\b(?:node name|node|host|address|peer)[:=]?\s+(?P<node>[A-Za-z0-9][\w.-]*\d[\w.-]*?)(?=[<:\s,;)]|$)")
+_NODE_IN_TEXT = re.compile(
+    r"\b(?:node name|node|host|address|peer)[:=]?\s+(?!0x)(?P<node>[A-Za-z0-9][\w.-]*\d[\w.-]*?)(?=[<:\s,;)]|$)")
 """A node the message itself names (`node name: 10.4.0.17`, `connect to host gpu-a07`,
-`remote peer hgx-17<35124>`) when no envelope says where the line came from."""
+`remote peer hgx-17<35124>`) when no envelope says where the line came from; a memory
+address (`on address 0x7f3a...`) is not a node."""
 
 
 def addresses_the_agent(text: str) -> bool:

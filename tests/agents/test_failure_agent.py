@@ -45,7 +45,15 @@ def test_the_fixtures_are_what_the_generator_makes() -> None:
         assert (NOVEL / log.name).read_text() == log.text
 
 
-@pytest.mark.parametrize("label", LABELS, ids=[label["file"] for label in LABELS])
+KNOWN_SINCE_THE_REAL_CORPUS = {"ray_node_dead", "efa_completion_error", "pdsh_ssh_refused", "xla_oom",
+                               "python_cannot_open", "cp_no_space", "unbound_local"}
+"""Failure classes these fixtures were made to be unknown to the rules, which the rules
+written from the real corpus's threads now know (each from independent real examples)."""
+NOVEL_LABELS = [label for label in LABELS if label["file"].rsplit("-", 1)[0] not in KNOWN_SINCE_THE_REAL_CORPUS]
+KNOWN_LABELS = [label for label in LABELS if label not in NOVEL_LABELS]
+
+
+@pytest.mark.parametrize("label", NOVEL_LABELS, ids=[label["file"] for label in NOVEL_LABELS])
 def test_no_built_in_rule_resolves_a_novel_failure(label) -> None:
     """The root-cause line is a real line no rule matches, and the rules alone leave the job
     failed with no reason or a weak one: this is the agent's work."""
@@ -59,6 +67,15 @@ def test_no_built_in_rule_resolves_a_novel_failure(label) -> None:
     assert diagnosis.status == "failed" and needs_agent(diagnosis)
     root = diagnosis.root_cause
     assert root is None or root.reason == "unknown" or root.line != label["root_cause_line"]
+
+
+@pytest.mark.parametrize("label", KNOWN_LABELS, ids=[label["file"] for label in KNOWN_LABELS])
+def test_the_rules_now_resolve_what_was_novel(label) -> None:
+    run = JobRun(_rulebook(), JobMeta())
+    run.feed(label["file"], (NOVEL / label["file"]).read_bytes())
+    root = run.finish().root_cause
+    assert root is not None and root.source.startswith("rule:")
+    assert (root.reason, root.line) == (label["reason"], label["root_cause_line"])
 
 
 _RULEBOOK: list[Rulebook] = []
@@ -91,18 +108,17 @@ def test_the_embedded_agent_gets_origin_and_reason_right(ctx) -> None:
 
 
 def test_an_agent_diagnosis_names_what_to_do_and_suggests_a_rule(ctx, tmp_path) -> None:
-    label = next(lab for lab in LABELS if lab["file"] == "ray_node_dead-0.log")
+    label = next(lab for lab in LABELS if lab["file"] == "rocm_memory_fault-0.log")
     _, d = diagnose(ctx, NOVEL / label["file"])
     root = d["root_cause"]
-    assert root["reason"] == "node_failure" and root["source"] == "retrieval"
+    assert root["reason"] == "cuda_error" and root["source"] == "retrieval"
     assert root["line"] == label["root_cause_line"]
-    dead = root["line"].split("address: ", 1)[1].split(" ", 1)[0]
-    assert d["suspect_nodes"] and dead in d["mitigation"] and "Cordon" in d["mitigation"]
-    assert d["action"] == "cordon_and_restart"
+    assert not any(node.startswith("0x") for node in d["suspect_nodes"])  # "on address 0x..." names no node
+    assert "Cordon 0x" not in d["mitigation"] and d["mitigation"]
     (suggested,) = d["suggested_rules"]
     assert suggested["kind"] == "diagnosis" and suggested["status"] == "pending"
     assert d["agent"]["write_back"]["status"] == "pending"
-    assert d["agent"]["incidents"][0]["reason"] == "node_failure"
+    assert d["agent"]["incidents"][0]["reason"] == "cuda_error"
 
 
 def test_a_missing_file_is_named_in_the_mitigation(ctx) -> None:
@@ -117,7 +133,7 @@ def test_a_missing_file_is_named_in_the_mitigation(ctx) -> None:
 def test_an_approved_suggestion_diagnoses_the_same_failure_by_rule(ctx, tmp_path) -> None:
     from service.admin import review
 
-    first, second = NOVEL / "unbound_local-0.log", NOVEL / "unbound_local-1.log"
+    first, second = NOVEL / "symbol_lookup-0.log", NOVEL / "symbol_lookup-1.log"
     _, d = diagnose(ctx, first)
     assert d["root_cause"]["source"] == "retrieval"
     rule_id = d["suggested_rules"][0]["id"]
@@ -126,7 +142,7 @@ def test_an_approved_suggestion_diagnoses_the_same_failure_by_rule(ctx, tmp_path
     for path in (first, second):  # the same failure, and another run of it (other values)
         _, again = diagnose(ctx, path)
         assert again["root_cause"]["source"] == f"rule:{rule_id}", (path, again["root_cause"], again["other_errors"], ctx.rulebook.version)
-        assert again["root_cause"]["reason"] == "name_error" and "agent" not in again
+        assert again["root_cause"]["reason"] == "import_error" and "agent" not in again
     with ctx.db.session() as session:
         from service.store.incidents import labelled_history
 

@@ -36,8 +36,18 @@ def answer(line_number: int, line: str, *, reason: str = "network_error", catego
     return json.dumps(body)
 
 
+EFA_RULE = "nccl.ofi-efa-error"
+"""The rule written from the real corpus that now knows EFA completion errors. These tests
+are about how the model's answer is checked on a failure no rule knows, in a job full of
+symptoms: they run on the rule set as it stood before that rule."""
+
+
 @pytest.fixture
-def ctx(minilm, tmp_path, scripted_llm):
+def ctx(minilm, tmp_path, scripted_llm, monkeypatch):
+    from rules.packs import builtin_diagnosis_rules
+
+    monkeypatch.setattr("rules.rulebook.builtin_diagnosis_rules",
+                        lambda: [r for r in builtin_diagnosis_rules() if r.id != EFA_RULE])
     settings = Settings(data_dir=tmp_path / "data", llm_base_url=scripted_llm.url, llm_model="scripted-model",
                         llm_max_retries=0, log_agent=False)
     with Context.open(settings, embedder=minilm) as context:

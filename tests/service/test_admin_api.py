@@ -283,9 +283,9 @@ def test_dry_run_of_a_diagnosis_rule_shows_how_diagnoses_change(server: str) -> 
     report = admin(server, "POST", f"/admin/rules/{FABRIC_RULE['id']}/dry-run").json()
     assert report["matched_jobs"] == 1 and report["changed_jobs"] == 1
     job = report["jobs"][0]
-    # the seeded log ends with no error, no completion line and no time gap: still running
-    assert job["sample"] == [FABRIC_LINE] and job["stored"]["status"] == "running"
-    assert job["before"]["status"] == "running" and job["before"]["reason"] is None
+    # the seeded log ends with a FATAL line no rule knows: failed, and the rules alone name no reason
+    assert job["sample"] == [FABRIC_LINE] and job["stored"]["status"] == "failed"
+    assert job["before"]["status"] == "failed" and job["before"]["reason"] == "unknown"
     assert job["after"] == {"status": "failed", "reason": "network_error", "origin": "infrastructure",
                             "source": f"rule:{FABRIC_RULE['id']}", "line": FABRIC_LINE,
                             "line_number": len(seed_log(34, fabric=True).splitlines()), "action": job["after"]["action"]}
@@ -391,7 +391,8 @@ def test_export_then_import_into_a_fresh_database_gives_the_same_rules_and_diagn
 
     assert sorted(map(content, rules_a)) == sorted(map(content, rules_b))
     assert {r["source"] for r in rules_b} == {"import"}
-    assert unaware["status"] == "running" and unaware["root_cause"] is None
+    # without the pack the FATAL line still fails the job (never silent), but no rule names it
+    assert unaware["status"] == "failed" and not unaware["root_cause"]["source"].startswith("rule:")
     for x, y in zip(on_a, on_b, strict=True):
         assert x["root_cause"] == y["root_cause"] and x["status"] == y["status"]
         assert x["compression"] == y["compression"]
@@ -402,9 +403,12 @@ def test_export_then_import_into_a_fresh_database_gives_the_same_rules_and_diagn
 def test_export_filters_by_kind_and_status(server: str) -> None:
     admin(server, "POST", "/admin/rules/import", content=yaml.safe_dump({"rules": [FABRIC_RULE]}))
     diag = yaml.safe_load(admin(server, "GET", "/admin/rules/export", params={"kind": "diagnosis", "status": "all"}).text)
-    assert [r["id"] for r in diag["rules"]] == [FABRIC_RULE["id"]]
-    assert diag["rules"][0]["patterns"] == FABRIC_RULE["patterns"]
-    assert diag["rules"][0]["counter_examples"] == FABRIC_RULE["counter_examples"]
+    # the imported rule, and what the Failure Agent suggested for the logs no rule knew
+    (fabric,) = [r for r in diag["rules"] if r["id"] == FABRIC_RULE["id"]]
+    assert all(r["kind"] == "diagnosis" for r in diag["rules"])
+    assert {r["id"] for r in diag["rules"]} - {FABRIC_RULE["id"]} <= {r["id"] for r in diag["rules"] if r["id"].startswith("fa.")}
+    assert fabric["patterns"] == FABRIC_RULE["patterns"]
+    assert fabric["counter_examples"] == FABRIC_RULE["counter_examples"]
     pending = yaml.safe_load(admin(server, "GET", "/admin/rules/export", params={"status": "pending"}).text)
     assert pending["rules"] and {r["status"] for r in pending["rules"]} == {"pending"}
     assert admin(server, "GET", "/admin/rules/export", params={"status": "maybe"}).status_code == 422

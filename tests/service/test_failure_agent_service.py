@@ -73,20 +73,19 @@ def post_log(server: str, path: Path) -> dict:
 
 
 def test_a_suggestion_is_reviewed_approved_and_then_diagnoses_by_rule(server) -> None:
-    d = post_log(server, OUT_DIR / "cp_no_space-0.log")
-    assert d["root_cause"]["reason"] == "os_error" and d["root_cause"]["source"] == "retrieval"
+    d = post_log(server, OUT_DIR / "tokenizer_file_missing-0.log")
+    assert d["root_cause"]["reason"] == "file_not_found_error" and d["root_cause"]["source"] == "retrieval"
     (suggested,) = d["suggested_rules"]
     listing = admin(server, "GET", "/admin/rules", params={"status": "pending", "kind": "diagnosis"}).json()
     row = next(r for r in listing["data"] if r["id"] == suggested["id"])
-    assert row["source"] == "failure_agent" and row["reason"] == "os_error" and row["origin"] == "user"
+    assert row["source"] == "failure_agent" and row["reason"] == "file_not_found_error" and row["origin"] == "user"
     assert row["evidence"] == [d["root_cause"]["line"]]
     assert row["validation"]["claims"] == "ok" and row["validation"]["history"].startswith("ok")
     assert row["provenance"]["decision"]["source"] == "retrieval"
     assert admin(server, "POST", f"/admin/rules/{suggested['id']}/approve", json={"note": "right"}).status_code == 200
-    again = post_log(server, OUT_DIR / "cp_no_space-1.log")  # the same failure in another job
+    again = post_log(server, OUT_DIR / "tokenizer_file_missing-1.log")  # the same failure in another job
     assert again["root_cause"]["source"] == f"rule:{suggested['id']}"
-    assert again["root_cause"]["reason"] == "os_error" and again["suggested_rules"] == []
-    assert "/scratch/llm/ckpt" in again["mitigation"]
+    assert again["root_cause"]["reason"] == "file_not_found_error" and again["suggested_rules"] == []
     metrics = httpx.get(f"{server}/metrics", timeout=30).text
     assert 'faultline_agent_calls_total{agent="failure_agent",backend="embedded"} 1.0' in metrics
     assert 'faultline_rules_accepted_total{agent="failure_agent",kind="diagnosis"} 1.0' in metrics
