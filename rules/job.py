@@ -51,6 +51,12 @@ _FATAL = re.compile(
 """A line that says something stopped: an error, a fatal message, a signal, a non-zero exit.
 Such a line after the last progress of its file means the job failed, even when no rule
 knows its words (DESIGN: never silent)."""
+_SIGKILL = re.compile(r"\bexitcode\s*:\s*-9\b|\(exitcode: -9\)|Signal 9 \(SIGKILL\)|\bSIGKILL\b"
+                      r"|\bexit(?:ed with)? (?:exit )?(?:code|status)\W{0,2}137\b|^\W*Killed\s*$")
+"""A process killed with signal 9 (exit -9, or 137 from a shell): nothing inside it could
+say why, because SIGKILL cannot be caught."""
+_LAUNCHER_EXCEPTION = re.compile(r"ChildFailedError|torch\.distributed\.elastic")
+"""torchrun's own report that a worker failed: a consequence, not the worker's exception."""
 _NOT_FATAL = re.compile(r"\b[A-Z]\w*Warning\b|^\W*(?:WARNING|WARN|W\d{4})\b|\[W\d{3,4} |(?<!NCCL )\bWARN(?:ING)?\b"
                         r"|\bwarning\b|\b(?:no|0|zero) (?:errors?|failures?)\b|\b(?:error|fail)[\w.]*\s*[:=]\s*0\b")
 """Warnings, and counters of errors that are zero: lines that went on working. NCCL's own
@@ -182,6 +188,10 @@ class JobRun:
         """Lines longer than the ingest limit: their head was kept, the rest skipped."""
         self._last_exception: KeptLine | None = None
         self._fatal: dict[str, tuple[int, KeptLine]] = {}
+        self._killed: KeptLine | None = None
+        """The first line that says a process was killed with SIGKILL."""
+        self._own_exception = False
+        """An exception of the job's own code was seen (not the launcher's report of it)."""
         """Per source: the first fatal-looking line after that source's latest progress line."""
         self._saw_traceback = False
         self._slice = AGENT_SLICE_BYTES
@@ -304,6 +314,9 @@ class JobRun:
             self._saw_traceback = True
         elif _EXCEPTION_LINE.search(line.text) or _BARE_EXCEPTION.match(split_envelope(line.text).message):
             self._last_exception = line
+            self._own_exception |= not _LAUNCHER_EXCEPTION.search(line.text)
+        if self._killed is None and _SIGKILL.search(line.text):
+            self._killed = line
         if _FATAL.search(line.text) and not _NOT_FATAL.search(line.text):
             held = self._fatal.get(line.source)
             if held is None or held[1].line_number < self._progress_line(line.source):
@@ -406,7 +419,8 @@ class JobRun:
             checkpoints=list(primary.progress.checkpoints) if primary else [],
             progress_source=primary.name if primary else None, hang=lambda: self._hang(primary),
             node_of=self.classifier.node_of, traceback=self._saw_traceback, failure_traced=traced, failure_line=self._last_exception or fatal,
-            fatal=fatal is not None, completed=self.completed(), progress=self.progress_summary(),
+            fatal=fatal is not None, killed_line=None if self._own_exception else self._killed,
+            completed=self.completed(), progress=self.progress_summary(),
             compression=self.compression_summary(), filtered=self.filtered_summary()))
 
     def _launcher_saw_failure(self) -> bool:

@@ -198,6 +198,8 @@ class Facts:
     first fatal-looking line that no progress followed."""
     fatal: bool
     """A fatal-looking line that no progress followed (see `rules.job`)."""
+    killed_line: KeptLine | None
+    """A process was killed with SIGKILL and the job's own code raised nothing."""
     completed: bool
     """The log says training ended normally."""
     progress: dict[str, Any] = field(default_factory=dict)
@@ -251,6 +253,8 @@ def decide(facts: Facts) -> Diagnosis:
         # a traceback after the spike ended the job; without one it may still be training
         diagnosis.status = JobStatus.FAILED.value if facts.traceback else JobStatus.RUNNING.value
         return diagnosis
+    if facts.killed_line is not None:
+        return _killed(diagnosis, facts.killed_line)
     if facts.failure_traced:
         return _unknown_failure(diagnosis, facts.failure_line)
     if facts.completed:
@@ -263,6 +267,30 @@ def decide(facts: Facts) -> Diagnosis:
         diagnosis.status = JobStatus.STALLED.value
         diagnosis.root_cause, diagnosis.mitigation = hang
         diagnosis.action = "restart"
+    return diagnosis
+
+
+KILLED_CONFIDENCE = 0.5
+"""Evidence by absence (no error of the job's own): good enough to act on, not to be sure;
+below CONFIDENT, so the Failure Agent may still name a stronger cause."""
+
+
+def _killed(diagnosis: Diagnosis, line: KeptLine) -> Diagnosis:
+    """SIGKILL with no exception of the job's own: most often the kernel's OOM killer (the
+    host ran out of RAM), since a process cannot catch SIGKILL to report anything."""
+    taxonomy = reason("out_of_memory")
+    diagnosis.status, diagnosis.action = JobStatus.FAILED.value, Action.FIX_AND_RESUBMIT.value
+    diagnosis.root_cause = RootCauseView(
+        reason="out_of_memory", category=taxonomy.category.value if taxonomy.category else None,
+        origin=Origin.USER.value, line=line.text, line_number=line.line_number, file=line.source,
+        rank=None, node=None, confidence=KILLED_CONFIDENCE, source="evidence:sigkill")
+    diagnosis.mitigation = (
+        "A process was killed with SIGKILL (exit code -9 or 137) and raised no error of its own: most often "
+        "the kernel's OOM killer, because the host ran out of RAM (DataLoader workers, CPU offload, loading a "
+        "checkpoint on every rank). Check `dmesg` or `journalctl -k` on the node for 'Out of memory: Killed "
+        "process', then lower host memory use (fewer workers, smaller prefetch, load on one rank) or ask the "
+        "scheduler for more memory. If the kernel log shows no OOM kill, look for who sent the signal "
+        "(the scheduler's memory limit, a watchdog).")
     return diagnosis
 
 

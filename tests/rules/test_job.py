@@ -68,3 +68,27 @@ def test_a_fatal_line_no_rule_knows_is_a_failure_naming_that_line(builtin_rulebo
 ])
 def test_lines_that_went_on_working_do_not_fail_a_job(builtin_rulebook: Rulebook, lines: list[str]) -> None:
     assert _run(builtin_rulebook, lines).finish().status == "running"
+
+
+BOX = ["WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 2410413 closing signal SIGTERM",
+       "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 0 (pid: 2410412) of "
+       "binary: /usr/bin/python",
+       "Traceback (most recent call last):",
+       '  File "/usr/local/bin/torchrun", line 8, in <module>',
+       "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+       "train.py FAILED"]
+
+
+def test_a_sigkill_with_no_error_of_the_jobs_own_is_the_hosts_oom_killer(builtin_rulebook: Rulebook) -> None:
+    d = _run(builtin_rulebook, [STEP.format(step=10), *BOX]).finish()
+    assert d.status == "failed" and d.action == "fix_and_resubmit"
+    root = d.root_cause
+    assert (root.reason, root.origin, root.source) == ("out_of_memory", "user", "evidence:sigkill")
+    assert "exitcode: -9" in root.line and root.confidence < 0.6 and "OOM killer" in d.mitigation
+
+
+def test_a_sigkill_after_the_jobs_own_error_leaves_that_error_the_cause(builtin_rulebook: Rulebook) -> None:
+    own = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>',
+           "KeyError: 'optimizer'"]
+    d = _run(builtin_rulebook, [STEP.format(step=10), *own, *BOX]).finish()
+    assert d.root_cause.reason == "key_error"
