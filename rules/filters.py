@@ -41,6 +41,11 @@ MAX_SAMPLES_PER_RUN = 256
 SAMPLE_AFTER_BYTES = 32 << 20
 
 
+
+_FRAME = b'", line '
+"""In a Python traceback frame (`  File "train.py", line 42, in step`): the line after it is
+the frame's source line."""
+
 class FilterCompileError(ValueError):
     """A filter rule's pattern cannot be compiled."""
 
@@ -205,11 +210,20 @@ class FilterStream:
             raise ValueError("feed() needs whole lines: the buffer must end with a newline")
         kept: list[KeptLine] = []
         pos = 0
-        for start, end in self.program.guard.error_line_spans(data):
+        spans = self.program.guard.error_line_spans(data)
+        for i, (start, end) in enumerate(spans):
+            if start < pos:
+                continue  # kept already
             if pos < start:
                 self._scan(data, pos, start, kept)
             self._keep(data, start, end, True, kept)
             pos = end
+            if end < len(data) and data.find(_FRAME, start, end) >= 0 and (i + 1 == len(spans) or spans[i + 1][0] != end):
+                # a traceback frame's source line (`    train_step(batch)`) says where the
+                # failure happened: context, never dropped, whatever a filter rule says
+                nl = data.find(b"\n", end)
+                self._keep(data, end, nl + 1, False, kept)
+                pos = nl + 1
         if pos < len(data):
             self._scan(data, pos, len(data), kept)
         if self._pending:

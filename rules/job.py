@@ -303,11 +303,13 @@ class JobRun:
     def _classify(self, line: KeptLine) -> None:
         """Error lines go to the classifier; other kept lines only matter as chain markers
         and as the failure box's rank-to-host lines."""
+        if "host" in line.text or "local_rank" in line.text:
+            # the failure box's rank-to-host lines (error-like for the guard, so no filter
+            # drops them; a name, not an error, for the classifier)
+            self.classifier.learn_placement(line)
         if not line.error_like:
             if "above exception" in line.text:
                 self.classifier.feed(line)
-            elif "host" in line.text or "local_rank" in line.text:
-                self.classifier.learn_placement(line)
             return
         self.classifier.feed(line)
         if _TRACEBACK in line.text:
