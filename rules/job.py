@@ -211,16 +211,18 @@ class JobRun:
             tracker = ProgressTracker(name)
             stream = self.rulebook.stream(self.filter_program, source=name, on_progress=tracker.observe)
             run = self.sources[name] = SourceRun(name, stream, tracker)
-            if len(self.sources) > 1:
-                self._name_nodes()
+            if len(self.sources) == 2:  # from the second file on, files may stand for nodes
+                for each in self.sources:
+                    self._name_node(each)
+            elif len(self.sources) > 2:
+                self._name_node(name)  # the others are named already: linear in the files
         return run
 
-    def _name_nodes(self) -> None:
+    def _name_node(self, name: str) -> None:
         """One file per node: a file named like a host stands for that node."""
-        for name in self.sources:
-            stem = name.rsplit("/", 1)[-1].split(".", 1)[0]
-            if re.fullmatch(r"[A-Za-z][\w-]*\d[\w-]*", stem):
-                self.classifier.default_nodes[name] = stem
+        stem = name.rsplit("/", 1)[-1].split(".", 1)[0]
+        if re.fullmatch(r"[A-Za-z][\w-]*\d[\w-]*", stem):
+            self.classifier.default_nodes[name] = stem
 
     def feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:
         """Filter one buffer of whole lines; returns the kept lines, redacted.

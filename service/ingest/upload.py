@@ -105,6 +105,7 @@ class _MultipartState:
         self.run, self.max_ratio = run, max_ratio
         self.files = 0
         self._header_field = b""
+        self._in_value = False
         self._headers: dict[bytes, bytes] = {}
         self._current: _SourceFeeder | None = None
         self._ready: list[_SourceFeeder] = []
@@ -118,11 +119,17 @@ class _MultipartState:
 
     def _begin(self) -> None:
         self._headers, self._current = {}, None
+        self._header_field, self._in_value = b"", False
 
     def _field(self, data: bytes, start: int, end: int) -> None:
-        self._header_field = data[start:end].lower()
+        # a header name may arrive in pieces (a read boundary inside it): the pieces join
+        # until its value starts; a name after a value is the next header's
+        piece = data[start:end].lower()
+        self._header_field = piece if self._in_value else self._header_field + piece
+        self._in_value = False
 
     def _value(self, data: bytes, start: int, end: int) -> None:
+        self._in_value = True
         self._headers[self._header_field] = self._headers.get(self._header_field, b"") + data[start:end]
 
     def _headers_done(self) -> None:

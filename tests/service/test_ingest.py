@@ -82,3 +82,29 @@ def test_reading_a_gzip_file_object_end_to_end() -> None:
     with gzip.GzipFile(fileobj=buf, mode="wb") as handle:
         handle.write(b"first\nsecond\n")
     assert b"".join(iter_line_buffers([buf.getvalue()])) == b"first\nsecond\n"
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 19, 64])
+def test_a_multipart_upload_read_in_small_pieces_loses_no_file(chunk: int, builtin_rulebook) -> None:
+    """A read boundary inside a part's header name (`Content-Dispo` | `sition`) must not turn
+    the file into a form field: every file arrives, whatever the chunking."""
+    import asyncio
+
+    from rules.job import JobRun
+    from service.ingest.upload import feed_multipart
+
+    boundary = "b0undary"
+    parts = [("rank0.log", b"step 1\nstep 2\n"), ("rank1.log", b"RuntimeError: CUDA error: uncorrectable ECC error encountered\n")]
+    body = b"".join(
+        f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{name}\"\r\n"
+        f"Content-Type: text/plain\r\n\r\n".encode() + data + b"\r\n" for name, data in parts) + f"--{boundary}--\r\n".encode()
+
+    async def pieces():
+        for i in range(0, len(body), chunk):
+            yield body[i:i + chunk]
+
+    run = JobRun(builtin_rulebook)
+    files = asyncio.run(feed_multipart(run, pieces(), f"multipart/form-data; boundary={boundary}",
+                                       max_bytes=1 << 20, max_ratio=200))
+    assert files == 2 and sorted(run.sources) == ["rank0.log", "rank1.log"]
+    assert run.finish().root_cause.reason == "ecc_error"
