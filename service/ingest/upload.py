@@ -18,6 +18,9 @@ from service.ingest.lines import LineDecoder
 from rules.job import JobRun
 
 FEED_BYTES = 4 << 20
+MAX_FILES = 10_000
+"""Files in one multipart upload: one per rank of a 10,000-GPU job. More is not a job's log
+set, and each file costs a stream and its state."""
 
 
 class _SourceFeeder:
@@ -76,13 +79,13 @@ async def feed_plain(run: JobRun, body: AsyncIterator[bytes], *, name: str, gzip
 
 
 async def feed_multipart(run: JobRun, body: AsyncIterator[bytes], content_type: str, *,
-                         max_bytes: int, max_ratio: int) -> int:
+                         max_bytes: int, max_ratio: int, max_files: int = MAX_FILES) -> int:
     """Each file part is a source of the job; returns the number of files."""
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if not boundary:
         raise BadInput("multipart body without a boundary")
-    state = _MultipartState(run, max_ratio)
+    state = _MultipartState(run, max_ratio, max_files)
     parser = MultipartParser(boundary, state.callbacks())
     limit = _Limit(max_bytes)
     async for chunk in body:
@@ -101,8 +104,8 @@ async def feed_multipart(run: JobRun, body: AsyncIterator[bytes], content_type: 
 
 
 class _MultipartState:
-    def __init__(self, run: JobRun, max_ratio: int):
-        self.run, self.max_ratio = run, max_ratio
+    def __init__(self, run: JobRun, max_ratio: int, max_files: int = MAX_FILES):
+        self.run, self.max_ratio, self.max_files = run, max_ratio, max_files
         self.files = 0
         self._header_field = b""
         self._in_value = False
@@ -138,6 +141,9 @@ class _MultipartState:
         if filename is None:
             return  # a plain form field, not a log
         self.files += 1
+        if self.files > self.max_files:
+            raise PayloadTooLarge(f"more than {self.max_files} files in one upload: send one job's logs "
+                                  "(or join the small files first)")
         name = filename.decode("utf-8", "replace") or f"part-{self.files}"
         gzip = name.endswith(".gz") or self._headers.get(b"content-encoding", b"").strip().lower() == b"gzip"
         self._current = _SourceFeeder(self.run, name, gzip=gzip or None, max_ratio=self.max_ratio)

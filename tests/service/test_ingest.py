@@ -108,3 +108,21 @@ def test_a_multipart_upload_read_in_small_pieces_loses_no_file(chunk: int, built
                                        max_bytes=1 << 20, max_ratio=200))
     assert files == 2 and sorted(run.sources) == ["rank0.log", "rank1.log"]
     assert run.finish().root_cause.reason == "ecc_error"
+
+
+def test_a_multipart_upload_past_the_file_limit_is_refused(builtin_rulebook) -> None:
+    import asyncio
+
+    from rules.job import JobRun
+    from service.errors import PayloadTooLarge
+    from service.ingest.upload import feed_multipart
+
+    body = b"".join(f"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"r{i}.log\"\r\n\r\n"
+                    f"line {i}\r\n".encode() for i in range(4)) + b"--b--\r\n"
+
+    async def once():
+        yield body
+
+    with pytest.raises(PayloadTooLarge, match="more than 3 files"):
+        asyncio.run(feed_multipart(JobRun(builtin_rulebook), once(), "multipart/form-data; boundary=b",
+                                   max_bytes=1 << 20, max_ratio=200, max_files=3))
