@@ -15,8 +15,16 @@ MASK = "[REDACTED]"
 
 # (pattern, replacement) applied in order; replacements keep what tells a reader what it was.
 _RULES: list[tuple[re.Pattern[str], str]] = [
-    # scheme://user:password@host (DSNs, git remotes, S3/HTTP with basic auth)
-    (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]+:)[^@\s/]+@"), r"\1" + MASK + "@"),
+    # scheme://user:password@host (DSNs, git remotes, S3/HTTP with basic auth); the password
+    # runs to the last @ before the host, so one holding '/' or '@' is masked whole
+    (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]+:)[^\s]*@(?=[\w.-]+(?:[:/\s?#]|$))"), r"\1" + MASK + "@"),
+    # webhook URLs carry their secret in the path; SAS and signed URLs in `sig=`
+    (re.compile(r"(hooks\.slack\.com/(?:services|workflows|triggers)/)\S+"), r"\1" + MASK),
+    (re.compile(r"([?&](?:sig|X-Amz-Signature|Signature)=)[^&\s\"']+"), r"\1" + MASK),
+    (re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"), MASK),
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), MASK),
+    (re.compile(r"(?i)(\b(?:set-)?cookie\s*:\s*)\S.*"), r"\1" + MASK),
+    (re.compile(r"(\bsshpass\s+-p\s*)\S+"), r"\1" + MASK),
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), MASK),
     (re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), MASK),
     (re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}"), MASK),
@@ -29,18 +37,20 @@ _RULES: list[tuple[re.Pattern[str], str]] = [
     # HF's own error texts that a diagnosis must quote whole.
     (re.compile(
         r"(?i)(?<!pad_)(?<!bos_)(?<!eos_)(?<!unk_)(?<!sep_)(?<!cls_)(?<!mask_)"
-        r"((?:password|passwd|secret|token|api[_-]?key|access[_-]?key|credential)s?[\"']?"
-        r"\s*(?:[=:]|\s)\s*(?:\.{2,}\s*)?)(\"[^\"\s]{4,}\"|'[^'\s]{4,}'|(?![\d.]+\b)[^\s,;}\"']{4,})"),
+        r"((?:password|passwd|secret(?:[_-]?(?:access[_-]?)?key)?|client[_-]?secret|token|api[ _-]?key"
+        r"|access[_-]?key|private[_-]?key|credential)s?[\"']?"
+        r"\s*(?:[=:]|\s)\s*(?:\.{2,}\s*)?)(\"[^\"]{4,200}\"|'[^']{4,200}'|(?![\d.]+\b)[^\s,;}\"']{4,})"),
      r"\1" + MASK),
 ]
 # Every rule above needs one of these; most lines have none, and one DFA pass over a whole
 # batch of lines settles it (Python's re takes ~15 us a line on a case-insensitive alternation).
 _TRIGGER_SOURCE = (r"(?i)://|AKIA|ASIA|hf_|sk-|gh[pousr]_|github_pat_|xox|eyJ|bearer|basic|token|passw|secret"
-                   r"|api.?key|access.?key|credential|PRIVATE KEY")
+                   r"|api.?key|access.?key|private.?key|credential|PRIVATE KEY|sig=|signature=|[sr]k_(?:live|test)_"
+                   r"|AIza|cookie|sshpass")
 _TRIGGER = re.compile(_TRIGGER_SOURCE)
 _TRIGGER_RE2 = re2.compile(_TRIGGER_SOURCE)
-_KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
-_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
+_KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
+_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 
 
 class Redactor:

@@ -78,3 +78,32 @@ def test_a_private_key_in_a_live_jobs_tail_stays_masked_across_lines_and_appends
     assert tail[-5:] == [MASK, "-----END RSA PRIVATE KEY-----", *filler[:3]]
     blob = run.snapshot()
     assert not [part for part in body if part.encode() in blob]
+
+
+@pytest.mark.parametrize(("line", "secret"), [
+    ("notify: https://hooks.slack.com/services/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", "q8Wc9ZxYv7Rt6Ps5Lm4Nk3Jh"),
+    ("DATABASE_URL=postgresql://trainer:p/ss@w0rd!x@db.internal:5432/runs", "p/ss@w0rd!x"),
+    ('config: password = "correct horse battery"', "correct horse battery"),
+    ("aws s3 cp --secret-key wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY s3://b/x", "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY"),
+    ("wandb: API key: 3f9a1c0b7d2e4f6a8b9c0d1e2f3a4b5c6d7e8f90", "3f9a1c0b7d2e4f6a8b9c0d1e2f3a4b5c6d7e8f90"),
+    ("billing=sk_live_51HqLyjWDarjtT1zdp7dcXu2", "sk_live_51HqLyjWDarjtT1zdp7dcXu2"),
+    ("GOOGLE_API_KEY AIzaSyDdI0hCZtE6vySjMm-WEfRq3CPzqKqqsHI used", "AIzaSyDdI0hCZtE6vySjMm-WEfRq3CPzqKqqsHI"),
+    ("GET https://acct.blob.core.windows.net/ckpt/a.pt?sv=2022-11-02&sp=r&sig=k3Jx%2Bq9Lz8%3D&se=2025", "k3Jx%2Bq9Lz8%3D"),
+    ("> Cookie: sessionid=7f3a9c2e1b0d4f6a; csrftoken=a1b2c3", "7f3a9c2e1b0d4f6a"),
+    ("+ sshpass -p Hunter2Secret ssh node-3 hostname", "Hunter2Secret"),
+])
+def test_common_secret_shapes_are_masked(line: str, secret: str) -> None:
+    out = redact_text(line)
+    assert secret not in out and MASK in out
+
+
+def test_a_pgp_private_key_block_is_masked_whole() -> None:
+    block = "\n".join(["-----BEGIN PGP PRIVATE KEY BLOCK-----", "lQVYBGR0c2EBDADk3vQ9xYzAbCdEf", "=Ab12",
+                       "-----END PGP PRIVATE KEY BLOCK-----", "step 10 loss 2.3"])
+    out = redact_text(block)
+    assert "lQVYBGR0c2EBDADk3vQ9xYzAbCdEf" not in out and "=Ab12" not in out and "step 10 loss 2.3" in out
+
+
+def test_a_tokenizers_special_token_text_is_left_as_it_is() -> None:
+    line = "ValueError: Asking to pad but the tokenizer does not have a padding token. Please select a token to use as `pad_token`"
+    assert redact_text(line) == line
