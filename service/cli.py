@@ -158,7 +158,27 @@ def _run_job(ctx, paths: Sequence[str], meta: JobMeta, *, on_kept=None, progress
         raise _empty(paths)
     diagnosis = run.finish()
     ctx.after_run(run, diagnosis)
+    _say_what_was_stored(ctx, run, diagnosis)
     return run, diagnosis
+
+
+def _say_what_was_stored(ctx, run: JobRun, diagnosis: Diagnosis) -> None:
+    """One line on standard error when this run left rules in the store: the next run of a
+    job of the same family (or every run, for pending rules once approved) will use them."""
+    from agents.log_agent import learned_scope
+    from rules.redact import redact_text
+
+    suggested = [r for r in diagnosis.suggested_rules if r.get("kind") == "diagnosis"]
+    if not run.learned and not suggested:
+        return
+    scope, status = learned_scope(run.meta)
+    what = []
+    if run.learned:
+        what.append(f"{len(run.learned)} filter rule{'s' if len(run.learned) != 1 else ''} learned "
+                    f"({status.value}, scope {scope})")
+    if suggested:
+        what.append(f"{len(suggested)} diagnosis rule{'s' if len(suggested) != 1 else ''} suggested (pending review)")
+    sys.stderr.write(f"faultline: {' and '.join(what)}, stored in {redact_text(ctx.settings.database_url)}\n")
 
 
 def _empty(paths: Sequence[str]) -> FaultlineError:

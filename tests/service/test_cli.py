@@ -98,3 +98,19 @@ def test_empty_and_directory_inputs_are_refused(tmp_path: Path) -> None:
     empty.write_bytes(b"")
     assert faultline("diagnose", str(empty)).returncode == 2
     assert faultline("diagnose", str(tmp_path)).returncode == 2
+
+
+def test_diagnose_says_on_stderr_what_it_stored_and_where(tmp_path) -> None:
+    import subprocess
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    root = _Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("FAULTLINE_")}
+    env.update(FAULTLINE_DATA_DIR=str(tmp_path / "data"), FAULTLINE_FAILURE_AGENT="false")
+    log = root / "fixtures/logs/cases/megatron/ecc_error.log"
+    done = subprocess.run([_sys.executable, "-m", "service.cli", "diagnose", "--job-name", "gpt-7b-pretrain", str(log)],
+                          capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("faultline: ")]
+    assert "filter rule" in line and "family:gpt-7b-pretrain" in line and str(tmp_path / "data") in line
