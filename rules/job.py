@@ -44,6 +44,13 @@ _EXCEPTION_LINE = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]*(?:Error|Exception|I
 _TRACEBACK = "Traceback (most recent call last)"
 _BARE_EXCEPTION = re.compile(r"\s*(?:[A-Za-z_]\w*\.)+[A-Z][a-z]+[A-Za-z0-9]*: \S")
 """A Python exception line with a dotted module path, whatever the class is called."""
+_BARE_EXCEPTION_HINT = re.compile(r"\w\.[A-Z][a-z]+[A-Za-z0-9]*: ")
+"""Its shape anywhere in the raw line: one search settles most kept lines before the
+envelope is split off."""
+
+
+def _bare_exception(text: str) -> bool:
+    return _BARE_EXCEPTION_HINT.search(text) is not None and _BARE_EXCEPTION.match(split_envelope(text).message) is not None
 _FATAL = re.compile(
     r"(?i)\b(?:error|fatal|exception|failed|failure|abort(?:ed)?|killed|died|crashed|panic|segmentation fault"
     r"|core dumped)\b"
@@ -280,7 +287,7 @@ class JobRun:
                 self._flagged.clear()
             self._batch = set()
         for i, line in enumerate(kept):
-            if not line.error_like and self._saw_traceback and _BARE_EXCEPTION.match(split_envelope(line.text).message):
+            if not line.error_like and self._saw_traceback and _bare_exception(line.text):
                 # the last line of a traceback, for an exception whose name says nothing of
                 # an error (`storage.client.QuorumLost: ...`): it is the failure itself
                 line = kept[i] = replace(line, error_like=True)
@@ -316,7 +323,7 @@ class JobRun:
         self.classifier.feed(line)
         if _TRACEBACK in line.text:
             self._saw_traceback = True
-        elif _EXCEPTION_LINE.search(line.text) or _BARE_EXCEPTION.match(split_envelope(line.text).message):
+        elif _EXCEPTION_LINE.search(line.text) or _bare_exception(line.text):
             self._last_exception = line
             self._own_exception |= not _LAUNCHER_EXCEPTION.search(line.text)
         if self._killed is None and _SIGKILL.search(line.text):

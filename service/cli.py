@@ -307,7 +307,12 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     folder = Path(args.folder)
     if not folder.is_dir():
         raise _usage(f"{folder}: not a folder")
-    report = evaluate.run_eval(folder, split=args.split)
+    def progress(done: int, total: int) -> None:
+        # on a terminal only: the first log that needs the Failure Agent loads its model
+        sys.stderr.write(f"\rscored {done} of {total} logs" + ("\n" if done == total else ""))
+        sys.stderr.flush()
+
+    report = evaluate.run_eval(folder, split=args.split, on_progress=progress if sys.stderr.isatty() else None)
     out.write(json.dumps(report.to_dict(), indent=2) + "\n" if args.json else evaluate.render(report))
     return EXIT_OK
 

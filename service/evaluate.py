@@ -226,8 +226,10 @@ def render(report: Report) -> str:
 
 
 # -- running diagnose over the folder ----------------------------------------------------------------
-def evaluate(folder: Path, labels: Sequence[Label], diagnose: Callable[[Path], dict[str, Any]]) -> list[Scored]:
-    """Diagnose each labelled log with `diagnose` (a path in, the contract's JSON out)."""
+def evaluate(folder: Path, labels: Sequence[Label], diagnose: Callable[[Path], dict[str, Any]], *,
+             on_progress: Callable[[int, int], None] | None = None) -> list[Scored]:
+    """Diagnose each labelled log with `diagnose` (a path in, the contract's JSON out);
+    `on_progress(done, total)` after each."""
     results = []
     for label in labels:
         path = folder / label.file
@@ -242,11 +244,13 @@ def evaluate(folder: Path, labels: Sequence[Label], diagnose: Callable[[Path], d
         root = d.get("root_cause") or {}
         ours = Guess(root.get("reason"), root.get("origin"), root.get("line"), d.get("status"))
         results.append(Scored(label, ours, first, last, seconds, error))
+        if on_progress is not None:
+            on_progress(len(results), len(labels))
     return results
 
 
 def run_eval(folder: Path, *, split: str | None, settings_overrides: dict[str, Any] | None = None,
-             embedder: object | None = None) -> Report:
+             embedder: object | None = None, on_progress: Callable[[int, int], None] | None = None) -> Report:
     """Score `diagnose` with the settings in force, on a fresh store in a temporary folder
     (`embedder` lets a caller that has the model loaded share it)."""
     from rules.job import JobMeta
@@ -263,4 +267,4 @@ def run_eval(folder: Path, *, split: str | None, settings_overrides: dict[str, A
                 feed_path(run, str(path))
                 return run.finish().to_dict()
 
-            return score(evaluate(folder, labels, diagnose))
+            return score(evaluate(folder, labels, diagnose, on_progress=on_progress))
