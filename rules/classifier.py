@@ -14,16 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import re2
-import regex
 
 from rules.envelope import split_envelope
+from rules.linear import NotLinear, compile_linear, refusal
 from rules.locate import locate
 from rules.model import TIER_RANK, DiagnosisRule, Evidence, KeptLine, Tier
 from rules.timestamps import TimestampReader
 
 EVIDENCE_PER_RULE = 32
 RANKS_PER_RULE = 4096
-UNTRUSTED_MATCH_TIMEOUT_S = 0.05
 _CHAIN_MARKERS = (
     "The above exception was the direct cause of the following exception",
     "During handling of the above exception, another exception occurred",
@@ -37,7 +36,11 @@ class without that exception having happened."""
 
 
 class DiagnosisCompileError(ValueError):
-    """A diagnosis rule's pattern cannot be compiled."""
+    """A diagnosis rule's pattern cannot be compiled; `reason` says why in the author's terms."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def _set_options() -> re2.Options:
@@ -50,31 +53,28 @@ def _set_options() -> re2.Options:
 class DiagnosisProgram:
     """Diagnosis rules compiled once into an RE2 set, plus per-pattern group readers."""
 
-    def __init__(self, rules: Sequence[DiagnosisRule], *, untrusted_sources: Sequence[str] = ("log_agent", "failure_agent", "import")):
+    def __init__(self, rules: Sequence[DiagnosisRule]):
         self.rules = list(rules)
         self._owner: list[int] = []
         self._readers: list = []
         self._set = re2.Set(re2._Anchor.UNANCHORED, _set_options())
         for index, rule in enumerate(self.rules):
-            trusted = not rule.source.startswith(tuple(untrusted_sources))
             for pattern in rule.patterns:
+                # The set says which rules match; the rule's own RE2 regexp reads its groups
+                # from the lines the set matched. Both are linear in the line's length, for
+                # built-in, imported and agent-written rules alike.
                 try:
+                    reader = compile_linear(pattern).search
                     if self._set.Add(pattern.encode("utf-8")) < 0:
-                        raise re2.error("rejected")
-                    self._readers.append(self._reader(pattern, trusted))
-                except (re2.error, re.error, regex.error) as exc:
-                    raise DiagnosisCompileError(f"rule {rule.id}: cannot compile {pattern[:100]!r}: {exc}") from None
+                        raise NotLinear(refusal(pattern, re2.error("the RE2 set refuses it")))
+                except NotLinear as exc:
+                    raise DiagnosisCompileError(f"rule {rule.id}: cannot compile {pattern[:100]!r}: {exc}",
+                                                f"{pattern[:60]!r} {exc}") from None
+                self._readers.append(reader)
                 self._owner.append(index)
         self._empty = not self._owner
         if not self._empty:
             self._set.Compile()
-
-    @staticmethod
-    def _reader(pattern: str, trusted: bool):
-        if trusted:
-            return re.compile(pattern).search
-        compiled = regex.compile(pattern)
-        return lambda text: compiled.search(text, timeout=UNTRUSTED_MATCH_TIMEOUT_S)
 
     def _preference(self, index: int) -> tuple[bool, int, int]:
         # A context rule decides first: its lines (a C++ frame, the DataLoader's re-raise of a
@@ -96,10 +96,7 @@ class DiagnosisProgram:
             return None
         best = min(hits, key=self._preference)
         rule = self.rules[self._owner[best]]
-        try:
-            m = self._readers[best](message)
-        except TimeoutError:
-            m = None
+        m = self._readers[best](message)
         groups = {k: v for k, v in m.groupdict().items() if v is not None} if m else {}
         if m:
             groups["match"] = m.group(0)

@@ -13,12 +13,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-import regex
-
 from rules.envelope import ENVELOPE_PATTERN
+from rules.linear import NotLinear, compile_linear
 from rules.model import PROGRESS_FIELDS
 
-UNTRUSTED_MATCH_TIMEOUT_S = 0.05
 _NAMED_GROUP = re.compile(r"\(\?P<(\w+)>")
 _LITERAL = re.compile(r"[A-Za-z0-9_ :=/-]")
 MIN_LITERAL_RUN = 4
@@ -138,15 +136,17 @@ class FieldExtractor:
         suffix = literal_suffix(body)
         search = suffix.encode("latin-1") if suffix else None
         if trusted:
+            # The packs' own patterns, reviewed here: Python `re` reads their groups about
+            # three times faster than RE2 does (tests keep them free of nested quantifiers).
             self._match = re.compile(anchored).match
             self._findall = re.compile(search).findall if search else None
         else:
-            # An agent-written pattern may backtrack badly under Python `re`; `regex` can stop it.
-            matcher = regex.compile(anchored)
-            self._match = lambda line: matcher.match(line, timeout=UNTRUSTED_MATCH_TIMEOUT_S)
-            finder = regex.compile(search) if search else None
-            self._findall = (lambda data, start, stop: finder.findall(
-                data, start, stop, timeout=UNTRUSTED_MATCH_TIMEOUT_S)) if finder else None
+            # A learned or imported pattern runs in RE2 only: linear in the line, whatever it says.
+            try:
+                self._match = compile_linear(anchored, latin1=True).match
+                self._findall = compile_linear(search, latin1=True).findall if search else None
+            except NotLinear as exc:
+                raise FieldError(str(exc)) from None
 
     def columns(self, data: bytes, start: int, stop: int,
                 line_numbers: Sequence[int], first_line: int) -> tuple[list[int], Columns]:
@@ -156,24 +156,18 @@ class FieldExtractor:
         lines) and `first_line` is the number of the span's first line. Returns the line
         numbers that matched and one column of raw values per field.
         """
-        try:
-            if self._findall is not None:
-                rows = self._findall(data, start, stop)
-                if len(rows) == len(line_numbers):
-                    return list(line_numbers), self._transpose(rows)
-            lines = data[start:stop].split(b"\n")
-            matches = [self._match(lines[n - first_line]) for n in line_numbers]
-        except TimeoutError:
-            return [], []
+        if self._findall is not None:
+            rows = self._findall(data, start, stop)
+            if len(rows) == len(line_numbers):
+                return list(line_numbers), self._transpose(rows)
+        lines = data[start:stop].split(b"\n")
+        matches = [self._match(lines[n - first_line]) for n in line_numbers]
         numbers = [n for n, m in zip(line_numbers, matches, strict=True) if m is not None]
         return numbers, self._transpose([m.groups() for m in matches if m is not None])
 
     def columns_of(self, lines: Sequence[bytes], line_numbers: Sequence[int]) -> tuple[list[int], Columns]:
         """Field values of the given lines (each without its newline)."""
-        try:
-            matches = [self._match(line) for line in lines]
-        except TimeoutError:
-            return [], []
+        matches = [self._match(line) for line in lines]
         numbers = [n for n, m in zip(line_numbers, matches, strict=True) if m is not None]
         return numbers, self._transpose([m.groups() for m in matches if m is not None])
 

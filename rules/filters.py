@@ -25,6 +25,7 @@ import re2
 from rules.envelope import ENVELOPE_PATTERN
 from rules.extract import Columns, FieldError, FieldExtractor, non_capturing
 from rules.guard import ErrorGuard
+from rules.linear import backtracking_feature, refusal
 from rules.model import FilterRule, KeptLine, RuleStats
 from rules.simplify import line_language
 
@@ -67,7 +68,7 @@ def _compile_re2(pattern: str):
     try:
         return re2.compile(pattern.encode("latin-1"), _re2_options())._regexp
     except (re2.error, UnicodeEncodeError) as exc:
-        raise FilterCompileError(f"RE2 cannot compile {pattern[:120]!r}: {exc}") from None
+        raise FilterCompileError(f"cannot compile {pattern[:120]!r}: {refusal(pattern, exc)}") from None
 
 
 def _extractor(rule: FilterRule) -> FieldExtractor | None:
@@ -101,6 +102,11 @@ class FilterProgram:
         if len(set(ids)) != len(ids):
             raise FilterCompileError("duplicate filter rule ids")
         self.guard = guard or ErrorGuard()
+        for rule in self.rules:  # named on the rule's own text: the composed program hides it
+            feature = backtracking_feature(rule.pattern)
+            if feature:
+                raise FilterCompileError(f"rule {rule.id} uses {feature}, which needs a backtracking engine; "
+                                         "rules run in linear time (RE2)")
         self.line_patterns = [_line_program(r.pattern) for r in self.rules]
         self.runs = [_compile_re2("(?:%s\n)+" % p) for p in self.line_patterns]
         self.extractors = [_extractor(r) for r in self.rules]

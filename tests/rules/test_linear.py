@@ -1,0 +1,102 @@
+"""Every rule pattern runs in linear time (RE2), whatever its source; a pattern that needs a
+backtracking engine is refused with the feature named."""
+
+from __future__ import annotations
+
+import pytest
+import re2
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.validation import validate_diagnosis_rule
+from rules.classifier import DiagnosisCompileError, DiagnosisProgram
+from rules.extract import FieldError, FieldExtractor
+from rules.filters import FilterCompileError, FilterProgram
+from rules.guard import ErrorGuard
+from rules.linear import NotLinear, backtracking_feature, compile_linear
+from rules.model import Action, DiagnosisRule, FilterRule, Origin, Tier
+
+# Shapes that backtrack badly in Python's engines behind a literal prefix (the prefix got them
+# past the old adversarial check, and each matching line then cost a 50 ms timeout).
+SLOW_SHAPES = {  # pattern: a line it matches
+    r"tickle (a|a)*b": "tickle aab", r"tickle (a|aa)+b": "tickle aaab", r"tickle (a*)*b": "tickle ab",
+    r"tickle (a+)+b": "tickle aab", r"tickle (\w|a)*b": "tickle a1b", r"tickle (?:a|ab)*c": "tickle abac",
+    r"tickle (a?){25}a{25}": "tickle " + "a" * 25, r"tickle (.*a){12}": "tickle " + "xa" * 12,
+    r"tickle (\d+\s?)+x": "tickle 1 2x", r"tickle ([a-z]+)*=": "tickle abc=", r"tickle (a|a?)+b": "tickle ab",
+}
+
+
+def rule(pattern: str, source: str = "import") -> DiagnosisRule:
+    return DiagnosisRule("custom.tickle", "runtime_error", Tier.CAUSE, (pattern,), Origin.USER,
+                         Action.RESTART if hasattr(Action, "RESTART") else list(Action)[0], source=source)
+
+
+@pytest.mark.parametrize(("pattern", "feature"), [
+    (r"tickle (?=a)a", "lookahead"),
+    (r"tickle (?<!x)a", "negative lookahead or lookbehind"),
+    (r"tickle (a)\1", "backreference"),
+    (r"tickle (?P<x>a)(?P=x)", "backreference"),
+    (r"tickle (a)?(?(1)b|c)", "conditional group"),
+    (r"tickle (?>ab)c", "atomic group"),
+    (r"tickle a++b", "possessive quantifier"),
+])
+def test_a_backtracking_feature_is_refused_by_name_everywhere(pattern: str, feature: str) -> None:
+    assert feature in backtracking_feature(pattern)
+    with pytest.raises(DiagnosisCompileError, match=feature):
+        DiagnosisProgram([rule(pattern)])
+    with pytest.raises(FilterCompileError, match=feature):
+        FilterProgram([FilterRule("f", pattern, trusted=False)], ErrorGuard())
+    validation = validate_diagnosis_rule(rule(pattern), examples=["tickle ab"])
+    assert not validation.ok and validation.failed == ["syntax"]
+    assert feature in validation.checks[0].detail
+
+
+@pytest.mark.parametrize("pattern", [r"tickle a\Z", r"tickle (unclosed"])
+def test_what_re2_cannot_parse_is_refused_with_its_message(pattern: str) -> None:
+    with pytest.raises(NotLinear, match="RE2 cannot compile it"):
+        compile_linear(pattern)
+
+
+def test_plain_patterns_have_no_backtracking_feature() -> None:
+    for pattern in [*SLOW_SHAPES, r"NCCL error.*(?P<host>[\w.-]+):\d+", r"(?i)cuda error: (?:an )?illegal"]:
+        assert backtracking_feature(pattern) is None
+
+
+@pytest.mark.parametrize(("pattern", "example"), SLOW_SHAPES.items())
+def test_slow_shapes_are_accepted_and_answered_in_linear_time(pattern: str, example: str) -> None:
+    """Accepted, because RE2 runs them linearly: 2,000 lines built to make a backtracking
+    engine explode are answered (pytest-timeout fails the test if one hangs; the old path
+    took 50 ms a line, 100 s here)."""
+    assert validate_diagnosis_rule(rule(pattern), examples=[example]).ok
+    program = DiagnosisProgram([rule(pattern)])
+    assert all(isinstance(reader.__self__, re2._Regexp) for reader in program._readers)
+    runs_of_a_match = example.endswith("a")  # `(.*a){12}` matches a long run of a's; `(a|a)*b` does not
+    for n in range(2000):
+        assert (program.match("tickle " + "a" * (2000 + n) + "!") is not None) == runs_of_a_match
+    found = program.match(example)
+    assert found is not None and found[1]["match"] == example
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="ab=! 01xtickle", max_size=400))
+def test_groups_read_by_re2_are_the_groups_python_reads(text: str) -> None:
+    """RE2 reads a rule's groups as Python's engine does on the lines it matches."""
+    import re
+
+    pattern = r"tickle (?P<word>[a-z]+)=(?P<value>\d+)"
+    program = DiagnosisProgram([rule(pattern, source="builtin")])
+    got = program.match(text)
+    want = re.search(pattern, text)
+    assert (got is None) == (want is None)
+    if want:
+        assert got[1] == {**want.groupdict(), "match": want.group(0)}
+
+
+def test_learned_progress_fields_are_read_by_re2() -> None:
+    extractor = FieldExtractor(r"tickle step (?P<step>\d+) (a|a)*b", trusted=False)
+    assert isinstance(extractor._match.__self__, re2._Regexp)
+    data = b"tickle step 12 aab\n" + (b"tickle step 13 " + b"a" * 50_000 + b"!\n")
+    numbers, columns = extractor.columns_of(data.split(b"\n")[:2], [1, 2])
+    assert numbers == [1] and columns == [[b"12"]]
+    with pytest.raises(FieldError, match="backreference"):
+        FieldExtractor(r"tickle step (?P<step>\d+) (a)\1", trusted=False)
