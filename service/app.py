@@ -14,6 +14,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.access import ApiTokens
 from service.admin.auth import AdminTokens
 from service.context import Context
 from service.errors import FaultlineError
@@ -85,6 +86,7 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
     app.state.metrics = registry
     app.state.upload_slots = asyncio.Semaphore(settings.max_concurrent_uploads)
     app.state.admin_tokens = AdminTokens.from_settings(settings)
+    app.state.api_tokens = ApiTokens.from_settings(settings)
     app.add_middleware(LatencyMiddleware, metrics=registry)
 
     @app.exception_handler(FaultlineError)

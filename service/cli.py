@@ -11,7 +11,7 @@ from typing import Any, NoReturn, TextIO
 
 from rules.model import KeptLine
 from rules.verdict import Diagnosis
-from service.errors import FaultlineError
+from service.errors import ConfigError, FaultlineError
 from service.ingest.lines import reuse_freed_buffers
 from rules.job import JobMeta, JobRun
 from service.settings import Settings, load_settings
@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", metavar="H")
     p.add_argument("--port", type=int, default=8080, metavar="P")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (uvicorn)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve the job API without tokens on a non-loopback address (anyone who reaches the port "
+                        "can read and write jobs); without it, such an address needs FAULTLINE_API_TOKENS")
 
     p = sub.add_parser("compress", help="print the kept lines of a log and what was filtered")
     p.add_argument("path", metavar="PATH")
@@ -129,6 +132,9 @@ def _tail_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exit-code-file", default=None, metavar="F", help="where the training writes its exit status")
     p.add_argument("--tee", default=None, metavar="FILE",
                    help="with a command: where its output goes (followed too; default in the state dir)")
+    p.add_argument("--token-file", default=None, metavar="F",
+                   help="a file holding the bearer token (scopes ingest+read) for a server with FAULTLINE_API_TOKENS; "
+                        "default: FAULTLINE_TOKEN")
     p.add_argument("--quiet", action="store_true", help="only warnings on standard error")
 
 
@@ -283,11 +289,26 @@ def _usage(message: str) -> FaultlineError:
     return BadInput(message)
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
 def cmd_serve(args: argparse.Namespace, _out: TextIO) -> int:
     import uvicorn
 
     settings = load_settings()
     settings.require_admin_token()
+    if not settings.api_credentials() and not args.insecure and not _is_loopback(args.host):
+        raise ConfigError(f"--host {args.host} is reachable from other machines and FAULTLINE_API_TOKENS is not set: "
+                          "anyone could read and write jobs. Set FAULTLINE_API_TOKENS (name:scopes:token,...) "
+                          "or pass --insecure")
     if args.workers > 1:
         # each worker builds its own app from the same environment
         uvicorn.run("service.app:create_app", factory=True, host=args.host, port=args.port,
@@ -337,6 +358,24 @@ def cmd_db(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _client_token(path: str | None, settings: Settings) -> str | None:
+    """The sidecar's token: from a file (a mounted secret), else FAULTLINE_TOKEN; never a flag,
+    which every user of the node could read in the process list."""
+    from pathlib import Path
+
+    from service.errors import BadInput
+
+    if path:
+        try:
+            token = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(f"--token-file {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+        if not token:
+            raise BadInput(f"--token-file {path} is empty")
+        return token
+    return settings.token.get_secret_value().strip() or None
+
+
 def cmd_tail(args: argparse.Namespace, _out: TextIO) -> int:
     import logging
     from pathlib import Path
@@ -371,7 +410,7 @@ def cmd_tail(args: argparse.Namespace, _out: TextIO) -> int:
             drain_timeout_s=args.drain_timeout, retry_max_s=args.retry_max, gzip=args.gzip, once=args.once,
             exit_code=args.exit_code, finish_on_stop=args.finish_on_stop,
             exit_code_file=Path(args.exit_code_file) if args.exit_code_file else None,
-            command=command, tee=Path(args.tee) if args.tee else None)
+            command=command, tee=Path(args.tee) if args.tee else None, token=_client_token(args.token_file, settings))
         sidecar = Sidecar(config)
     except (ValueError, RuntimeError) as exc:
         raise BadInput(str(exc)) from None

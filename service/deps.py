@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from service.access import require
 from service.context import Context
 from service.live.runs import LiveJobs
 
@@ -32,3 +33,10 @@ def get_live(request: Request) -> LiveJobs:
 ContextDep = Annotated[Context, Depends(get_context)]
 LiveDep = Annotated[LiveJobs, Depends(get_live)]
 SessionDep = Annotated[Session, Depends(get_session)]
+
+INGEST = Depends(require("ingest"))
+"""On routes that create jobs or add to them: a token with the `ingest` scope, when tokens are configured."""
+READ = Depends(require("read"))
+"""On routes that read jobs, their diagnoses and lines: a token with the `read` scope."""
+SOURCES = Depends(require("read", "ingest"))
+"""What a live job holds of each file: the sidecar resumes from it with its `ingest` token."""

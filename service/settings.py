@@ -81,6 +81,11 @@ class Settings(BaseSettings):
     """Who the audit log names for what is done with admin_token."""
     admin_tokens: SecretStr = SecretStr("")
     """More admin tokens, each with its owner's label: `alice:<token>,bob:<token>`."""
+    api_tokens: SecretStr = SecretStr("")
+    """Tokens of the job API, `name:scopes:token,...`, scopes joined by `+` from `ingest`
+    (POST /diagnose, create, append to and finish live jobs), `read` (jobs, their diagnoses
+    and lines) and `admin` (the admin API and page). None: the job API is open, and
+    `faultline serve` binds a non-loopback address only when told --insecure."""
 
     max_request_bytes: int = 2 << 30
     max_concurrent_uploads: int = Field(default=8, ge=1)
@@ -101,6 +106,9 @@ class Settings(BaseSettings):
 
     server_url: str = ""
     """The service `faultline tail` sends to when no --server is given."""
+    token: SecretStr = SecretStr("")
+    """The sidecar's bearer token for a server with FAULTLINE_API_TOKENS (scopes ingest+read);
+    `faultline tail --token-file F` reads it from a file instead."""
 
     hang_floor_s: float = Field(default=30 * 60, gt=0.0)
     """A live job is never stalled before this many seconds without progress."""
@@ -139,9 +147,35 @@ class Settings(BaseSettings):
     def llm_configured(self) -> bool:
         return bool(self.llm_base_url)
 
-    def admin_credentials(self) -> list[tuple[str, str]]:
-        """(owner label, token) of every admin token; empty tokens are left out."""
+    def api_credentials(self) -> list[tuple[str, frozenset[str], str]]:
+        """(name, scopes, token) of every job API token; ConfigError on a malformed entry."""
         out = []
+        for item in self.api_tokens.get_secret_value().split(","):
+            if not item.strip():
+                continue
+            name, _, rest = item.strip().partition(":")
+            scopes, sep, token = rest.partition(":")
+            wanted = frozenset(s.strip() for s in scopes.split("+") if s.strip())
+            if not sep or not name.strip() or not wanted:
+                raise ConfigError("FAULTLINE_API_TOKENS must be `name:scopes:token` entries separated by commas, "
+                                  "scopes joined by `+` (e.g. `cluster-a:ingest+read:<token>`)")
+            unknown = sorted(wanted - set(API_SCOPES))
+            if unknown:
+                raise ConfigError(f"FAULTLINE_API_TOKENS: {name.strip()!r} has unknown scope(s) {', '.join(unknown)}; "
+                                  f"known: {', '.join(API_SCOPES)}")
+            if is_placeholder(token.strip()):
+                raise ConfigError(f"FAULTLINE_API_TOKENS: the token of {name.strip()!r} is a placeholder or shorter "
+                                  f"than {MIN_TOKEN_CHARS} characters")
+            out.append((name.strip(), wanted, token.strip()))
+        names = [name for name, _, _ in out]
+        if len(set(names)) != len(names):
+            raise ConfigError("FAULTLINE_API_TOKENS: token names must be unique")
+        return out
+
+    def admin_credentials(self) -> list[tuple[str, str]]:
+        """(owner label, token) of every admin token, API tokens with the `admin` scope
+        included; empty tokens are left out."""
+        out = [(name, token) for name, scopes, token in self.api_credentials() if "admin" in scopes]
         token = self.admin_token.get_secret_value()
         if token:
             out.append((self.admin_token_label.strip() or "admin", token))
@@ -154,7 +188,9 @@ class Settings(BaseSettings):
         return out
 
     def require_admin_token(self) -> None:
-        """The service refuses to start with admin enabled and no real token."""
+        """The service refuses to start with admin enabled and no real token, or with a
+        malformed job API token."""
+        self.api_credentials()
         if not self.admin_enabled:
             return
         credentials = self.admin_credentials()
@@ -164,7 +200,7 @@ class Settings(BaseSettings):
                 "(or set FAULTLINE_ADMIN_ENABLED=false)")
         labels = [label for label, _ in credentials]
         if len(set(labels)) != len(labels):
-            raise ConfigError("admin token labels must be unique (FAULTLINE_ADMIN_TOKEN_LABEL, FAULTLINE_ADMIN_TOKENS)")
+            raise ConfigError("admin token labels must be unique (FAULTLINE_ADMIN_TOKEN_LABEL, FAULTLINE_ADMIN_TOKENS, admin-scoped FAULTLINE_API_TOKENS)")
         for label, token in credentials:
             if is_placeholder(token):
                 raise ConfigError(
@@ -173,6 +209,7 @@ class Settings(BaseSettings):
 
 
 MIN_TOKEN_CHARS = 16
+API_SCOPES = ("ingest", "read", "admin")
 
 
 def is_placeholder(token: str) -> bool:

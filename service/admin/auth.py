@@ -24,12 +24,10 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from service.errors import Forbidden, NotFound, Unauthorized
+from service.access import bearer_token
+from service.access import digest as _digest
+from service.errors import Forbidden, NotFound
 from service.settings import Settings
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
 SESSION_COOKIE = "faultline_admin"
@@ -106,26 +104,12 @@ class AdminTokens:
         return bool(self._digests)
 
 
-class BearerRequired(Unauthorized):
-    headers = {"WWW-Authenticate": 'Bearer realm="faultline-admin"'}
-
-
-def bearer_token(request: Request) -> str:
-    header = request.headers.get("authorization", "")
-    if not header.strip():
-        raise BearerRequired("missing Authorization header: send `Authorization: Bearer <FAULTLINE_ADMIN_TOKEN>`")
-    scheme, _, token = header.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise BearerRequired("Authorization must be `Bearer <FAULTLINE_ADMIN_TOKEN>`")
-    return token.strip()
-
-
 def require_admin(request: Request) -> str:
     """FastAPI dependency: the owner label of a valid admin token (401 none, 403 wrong)."""
     tokens: AdminTokens = request.app.state.admin_tokens
     if not tokens:
         raise NotFound("the admin API is disabled (FAULTLINE_ADMIN_ENABLED=false)")
-    owner = tokens.owner(bearer_token(request))
+    owner = tokens.owner(bearer_token(request, what="<FAULTLINE_ADMIN_TOKEN>"))
     if owner is None:
         raise Forbidden("the admin token is not valid")
     return owner

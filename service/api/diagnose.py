@@ -9,7 +9,7 @@ from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
 from service.store import jobs as store
-from service.deps import ContextDep
+from service.deps import INGEST, ContextDep
 from service.errors import BadInput, UnsupportedMediaType
 from rules.job import JobMeta, JobRun
 from service.ingest.lines import check_content_length
@@ -55,7 +55,7 @@ _BODY = {"requestBody": {"required": True, "content": {
 }}}
 
 
-@router.post("/diagnose", openapi_extra=_BODY)
+@router.post("/diagnose", openapi_extra=_BODY, dependencies=[INGEST])
 async def diagnose(
     request: Request, ctx: ContextDep,
     job_name: Annotated[str, Query(max_length=512, description="job name; finds its family's learned rules")] = "",

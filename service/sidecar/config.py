@@ -38,6 +38,15 @@ class SidecarConfig:
     """Where the training writes its exit status, read when finishing."""
     command: tuple[str, ...] = ()
     tee: Path | None = None
+    token: str | None = field(default=None, repr=False)
+    """Bearer token for a server with FAULTLINE_API_TOKENS (scopes ingest+read)."""
+
+    def headers(self) -> dict[str, str]:
+        """What every request carries."""
+        headers = {"User-Agent": "faultline-sidecar/1"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
 
     def __post_init__(self) -> None:
         if not self.server.startswith(("http://", "https://")):

@@ -313,7 +313,8 @@ class Sidecar:
         if job_id is None:
             log.warning("the job was never created; exit status %s not reported", exit_code)
             return
-        with httpx.Client(base_url=self.config.server, timeout=self.config.request_timeout_s) as client:
+        with httpx.Client(base_url=self.config.server, timeout=self.config.request_timeout_s,
+                          headers=self.config.headers()) as client:
             delay = 0.2
             while True:
                 try:

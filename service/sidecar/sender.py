@@ -163,7 +163,7 @@ class Sender(threading.Thread):
         self.checkpoint = checkpoint
         self.stop = stop
         self.client = httpx.Client(base_url=config.server, timeout=config.request_timeout_s,
-                                   headers={"User-Agent": "faultline-sidecar/1"})
+                                   headers=config.headers())
         self._delay = 0.0
         self.max_body = config.tail.batch_bytes
         """The largest request body: batches are joined up to it (halved, as the reader's

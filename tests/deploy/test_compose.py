@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 # what an operator puts in .env: each ${VAR:?...} the file requires, with a real-looking value
-OPERATOR_ENV = {"POSTGRES_PASSWORD": "pg-9f2c7a1e5b3d", "FAULTLINE_ADMIN_TOKEN": "adm-4e8b1c9d2f7a6035"}
+OPERATOR_ENV = {"POSTGRES_PASSWORD": "pg-9f2c7a1e5b3d", "FAULTLINE_ADMIN_TOKEN": "adm-4e8b1c9d2f7a6035",
+                "FAULTLINE_SIDECAR_TOKEN": "side-7c3e9a2b5d1f8046"}
 _VARIABLE = re.compile(r"\$\{(?P<name>\w+)(?:(?P<op>:-|:\?)(?P<arg>[^}]*))?\}")
 
 
