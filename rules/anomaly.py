@@ -16,8 +16,15 @@ from dataclasses import dataclass
 
 BASELINE_POINTS = 64
 MIN_BASELINE = 10
+SHORT_BASELINE = 2
+"""A pasted excerpt shows a few steps before the jump: from 2 points on, a jump must be
+SHORT_JUMP_RATIO high to count (BLOOM tr8's 3.1 -> 7.7 after two iterations)."""
+SHORT_JUMP_RATIO = 2.0
 JUMP_RATIO = 1.5
 JUMP_ABSOLUTE = 0.5
+NAN_GRAD_POINTS = 3
+"""Consecutive points with a NaN/inf gradient norm: one is an fp16 overflow step that the
+loss scaler skips; a run of them is divergence (the loss may stay finite, even 0.0)."""
 RECOVERED_RATIO = 1.15
 SUSTAIN_POINTS = 50
 END_SUSTAIN_POINTS = 5
@@ -54,6 +61,8 @@ class LossSpikeDetector:
         self.spikes: list[Spike] = []
         self.recovered: list[Spike] = []
         self._max_scale = 0.0
+        self._bad_grads: list[tuple[int, float, str]] = []
+        """The current run of points with a non-finite gradient norm: (line, step, text)."""
 
     @property
     def failed(self) -> Spike | None:
@@ -61,24 +70,33 @@ class LossSpikeDetector:
         return next((s for s in self.spikes if not s.recovered), None)
 
     def _baseline(self) -> float | None:
-        if len(self._window) < MIN_BASELINE:
+        if len(self._window) < SHORT_BASELINE:
             return None
         ordered = sorted(self._window)
         return ordered[len(ordered) // 2]
 
+    def _threshold(self, baseline: float) -> float:
+        ratio = JUMP_RATIO if len(self._window) >= MIN_BASELINE else SHORT_JUMP_RATIO
+        return max(baseline * ratio, baseline + JUMP_ABSOLUTE)
+
     def observe(self, lines: Sequence[int], steps: Sequence[float], losses: Sequence[float | None],
-                scales: Sequence[float], line_text: Callable[[int], str]) -> None:
-        """Take a batch of points; a loss of None means the line had no loss value."""
+                scales: Sequence[float], line_text: Callable[[int], str],
+                grad_norms: Sequence[float | None] = ()) -> None:
+        """Take a batch of points; a loss or gradient norm of None means the line had none."""
         if self.failed is not None:
             return
         self._check_scale(lines, scales, line_text)
+        if grad_norms:
+            self._check_grads(lines, steps, grad_norms, line_text)
+            if self.failed is not None:
+                return
         baseline = self._baseline()
         present = [x for x in losses if x is not None]
         finite = [x for x in present if math.isfinite(x)]
-        threshold = None if baseline is None else max(baseline * JUMP_RATIO, baseline + JUMP_ABSOLUTE)
+        threshold = None if baseline is None else self._threshold(baseline)
         if threshold is None:
             # no baseline yet: calm only while this batch cannot complete one either
-            below = len(self._window) + len(finite) <= MIN_BASELINE
+            below = len(self._window) + len(finite) <= SHORT_BASELINE
         else:
             below = not finite or max(finite) <= threshold
         calm = self._candidate is None and len(finite) == len(present) and below
@@ -113,7 +131,7 @@ class LossSpikeDetector:
                 self._confirm()
             return
         baseline = self._baseline()
-        if baseline is not None and loss > max(baseline * JUMP_RATIO, baseline + JUMP_ABSOLUTE):
+        if baseline is not None and loss > self._threshold(baseline):
             self._candidate = _Candidate(line, line_text(line), step_id, baseline, loss)
         else:
             self._window.append(loss)
@@ -133,8 +151,29 @@ class LossSpikeDetector:
             i = next(i for i, s in enumerate(scales) if math.isfinite(s) and s <= COLLAPSED_LOSS_SCALE)
             self.spikes.append(Spike("loss_scale", lines[i], line_text(lines[i]), None, self._max_scale, scales[i]))
 
+    def _check_grads(self, lines: Sequence[int], steps: Sequence[float], grad_norms: Sequence[float | None],
+                     line_text: Callable[[int], str]) -> None:
+        if not self._bad_grads and all(g is None or math.isfinite(g) for g in grad_norms):
+            return  # the common case, one pass
+        for line, step, norm in zip(lines, steps, grad_norms, strict=True):
+            if norm is None:
+                continue  # this line gives no gradient norm
+            if math.isfinite(norm):
+                self._bad_grads.clear()
+                continue
+            self._bad_grads.append((line, step, line_text(line)))
+            if len(self._bad_grads) >= NAN_GRAD_POINTS:
+                first, first_step, text = self._bad_grads[0]
+                self.spikes.append(Spike("nan", first, text,
+                                         None if math.isnan(first_step) else int(first_step), self._baseline(), None))
+                return
+
     def finish(self) -> None:
-        """At the end of the log: a jump still up after a few points counts as diverged."""
+        """At the end of the log: a jump still up after a few points counts as diverged, and
+        so does a jump to SHORT_JUMP_RATIO times the baseline that the log ends on (a pasted
+        excerpt stops where the trouble is)."""
         cand = self._candidate
-        if cand is not None and cand.points >= END_SUSTAIN_POINTS and self.failed is None:
+        if cand is None or self.failed is not None:
+            return
+        if cand.points >= END_SUSTAIN_POINTS or cand.peak >= cand.baseline * SHORT_JUMP_RATIO:
             self._confirm()

@@ -104,7 +104,10 @@ class ProgressTracker:
             losses: Sequence[float | None] = values["loss"]
             if None in raw["loss"]:
                 losses = [None if r is None else f for r, f in zip(raw["loss"], values["loss"], strict=True)]
-            self.spikes.observe(line_numbers, values["step"], losses, values["loss_scale"], line_text)
+            grads: Sequence[float | None] = ()
+            if "grad_norm" in raw and any(raw["grad_norm"]):
+                grads = [None if not r else f for r, f in zip(raw["grad_norm"], values["grad_norm"], strict=True)]
+            self.spikes.observe(line_numbers, values["step"], losses, values["loss_scale"], line_text, grads)
         if len(self._lines) > 2 * RECENT_POINTS:
             self._thin()
 

@@ -1,0 +1,73 @@
+"""Loss spikes in progress values: short pasted excerpts, a jump the log ends on, a run of
+NaN gradient norms; and what must stay calm (a jump that comes back, one fp16 overflow)."""
+
+from __future__ import annotations
+
+import math
+
+from rules.anomaly import NAN_GRAD_POINTS, LossSpikeDetector
+from rules.job import JobMeta, JobRun
+from rules.rulebook import Rulebook
+
+NAN = math.nan
+
+
+def feed(losses: list[float | None], grads: list[float | None] = ()) -> LossSpikeDetector:
+    """Each point its own batch, as a pasted excerpt with chatter between metric lines gives them."""
+    detector = LossSpikeDetector()
+    grads = list(grads) or [None] * len(losses)
+    for i, (loss, grad) in enumerate(zip(losses, grads, strict=True)):
+        detector.observe([i + 1], [float(i)], [loss], [NAN], lambda n: f"line {n}",
+                         [grad] if any(g is not None for g in grads) else ())
+    detector.finish()
+    return detector
+
+
+def test_a_jump_after_two_steps_that_the_excerpt_ends_on_is_a_spike() -> None:
+    # BLOOM tr8 exp 11: 3.06, 3.11, then 7.71 at the last iteration pasted
+    spike = feed([3.06, 3.11, 7.71]).failed
+    assert spike is not None and spike.kind == "diverged" and spike.line_number == 3
+
+
+def test_a_short_excerpt_needs_a_doubling_not_the_long_runs_ratio() -> None:
+    assert feed([3.0, 3.1, 5.0]).failed is None  # 1.6x: a long run's ratio, not a short one's
+    assert feed([3.0, 3.1, 5.0, 3.1]).failed is None
+
+
+def test_a_jump_that_comes_back_is_not_a_failure() -> None:
+    detector = feed([2.2] * 20 + [5.1, 4.0, 2.3] + [2.2] * 5)
+    assert detector.failed is None and len(detector.recovered) == 1
+
+
+def test_a_loss_still_up_after_a_few_points_at_the_end_is_a_spike() -> None:
+    assert feed([2.0] * 20 + [3.5] * 6).failed is not None
+
+
+def test_a_run_of_nan_gradient_norms_is_divergence_even_with_a_finite_loss() -> None:
+    # LLaMA-Factory on NPU: grad_norm nan from one logging step on, the loss then 0.0
+    losses = [1.46, 1.45, 0.0, 0.0, 0.0]
+    grads = [0.9, NAN, NAN, NAN, NAN]
+    spike = feed(losses, grads).failed
+    assert spike is not None and spike.kind == "nan" and spike.line_number == 2 and spike.line == "line 2"
+
+
+def test_one_overflowing_step_is_not_divergence() -> None:
+    grads = [0.9, NAN, 0.8] * 10 + [NAN] * (NAN_GRAD_POINTS - 1) + [0.7]
+    assert feed([2.0] * len(grads), grads).failed is None
+
+
+def test_lines_without_a_gradient_norm_do_not_break_a_run() -> None:
+    grads = [NAN, None, NAN, None, NAN]
+    assert feed([2.0] * 5, grads).failed is not None
+
+
+def test_a_format_no_pack_knows_is_read_for_its_loss(builtin_rulebook: Rulebook) -> None:
+    """verl prints `step:N - ... - train/loss:L`: the fallback pack reads the loss, so a
+    loss gone NaN is a loss spike with its first line."""
+    lines = [f"step:{n} - perf/max_memory_allocated_gb:41.29 - train/loss:{loss} - train/grad_norm:0.0 - train/lr:1e-06"
+             for n, loss in ((1, "2.31"), (2, "nan"), (3, "nan"))]
+    run = JobRun(builtin_rulebook, JobMeta(name="verl-sft"))
+    run.feed("train.log", "\n".join(lines).encode() + b"\n")
+    diagnosis = run.finish()
+    assert diagnosis.root_cause is not None and diagnosis.root_cause.reason == "loss_spike"
+    assert diagnosis.root_cause.line == lines[1]
