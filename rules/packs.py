@@ -85,14 +85,9 @@ def load_diagnosis_pack(path: Path) -> list[DiagnosisRule]:
     return [diagnosis_rule_from_dict(item) for item in _load_yaml(path)["rules"]]
 
 
-FALLBACK_PACK = "fallback.yaml"
-"""Rules for formats no other pack knows. A line goes to the first rule matching it, so this
-pack comes last: a line that a framework's pack also reads keeps that pack's fields."""
-
-
 def builtin_filter_rules(packs_dir: Path = PACKS_DIR) -> list[FilterRule]:
     rules: list[FilterRule] = []
-    for path in sorted((packs_dir / "filters").glob("*.yaml"), key=lambda p: (p.name == FALLBACK_PACK, p.name)):
+    for path in sorted((packs_dir / "filters").glob("*.yaml")):
         rules.extend(load_filter_pack(path))
     return rules
 

@@ -38,12 +38,9 @@ FORBIDDEN_IN_EXAMPLES = re.compile(
 )
 
 
-from rules.packs import FALLBACK_PACK  # noqa: E402 - the service's own pack order
-
-
 def _load_packs() -> dict[str, dict]:
     packs = {}
-    for path in sorted(FILTERS_DIR.glob("*.yaml"), key=lambda p: (p.name == FALLBACK_PACK, p.name)):
+    for path in sorted(FILTERS_DIR.glob("*.yaml")):
         packs[path.stem] = yaml.safe_load(path.read_text(encoding="utf-8"))
     return packs
 
@@ -83,7 +80,7 @@ def test_every_pack_has_rules():
 def test_pack_scope(stem):
     scope = PACKS[stem]["scope"]
     # launchers and libraries every framework runs under apply to every job
-    runtime = {"global", "nccl", "torch", "slurm", "fallback"}
+    runtime = {"global", "nccl", "torch", "slurm"}
     assert scope == ("global" if stem in runtime else f"framework:{stem}")
 
 
@@ -145,14 +142,11 @@ def test_examples_are_not_error_reports(stem, rule):
 @pytest.mark.parametrize(("stem", "rule"), RULES, ids=RULE_IDS)
 def test_engine_attributes_each_example_to_its_rule_only(stem, rule, program):
     """Rules must be disjoint: the engine gives a run of lines to the first rule that
-    matches, so a metric line also matched by a chatter rule would lose its values. The
-    fallback pack's rules come after every other and may overlap them: they read formats
-    no other rule knows."""
+    matches, so a metric line also matched by a chatter rule would lose its values."""
     own = RULE_IDS.index(rule["id"])
     for line in rule["examples"]:
         matching = program.rules_matching(line.encode("utf-8"))
-        others = [k for k in matching if k != own and not RULE_IDS[k].startswith("fallback.")]
-        assert matching[:1] == [own] and not others, (line, [RULE_IDS[k] for k in matching])
+        assert matching == [own], (line, [RULE_IDS[k] for k in matching])
 
 
 def _all_counter_examples():
