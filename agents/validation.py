@@ -19,6 +19,9 @@ A learned rule drops lines, so a bad one hides what a person needs. Checks, in o
    healthy sample of other formats.
 8. `no_evidence_lines`: matches none of the classifier's evidence lines (diagnosis rule
    examples and the evidence found in this job).
+9. `keeps_progress`: a rule that drops lines reporting a training loss (`rules.sniff`) reads
+   that loss in a named group: a learned rule may change what is kept, never what the job's
+   loss curve and its spikes say.
 
 Matching uses the engine's own semantics: the launcher envelope in front, anchored at both
 ends, RE2 on the UTF-8 bytes (`FilterProgram.rules_matching`).
@@ -43,6 +46,7 @@ from rules.extract import non_capturing
 from rules.filters import FilterCompileError, FilterProgram
 from rules.guard import ErrorGuard
 from rules.model import FilterRule
+from rules.sniff import loss_fields
 
 CORPUS_FILE = Path(__file__).resolve().parent.parent / "rules" / "corpus" / "error_lines.jsonl"
 MAX_PATTERN_CHARS = 2000
@@ -259,6 +263,7 @@ class Validator:
             self._none_match("no_evidence_lines", matches,
                              self._evidence + [e.encode("utf-8", "replace") for e in evidence],
                              "classifier evidence line"),
+            self._keeps_progress(program, [segment[i] for i in sorted(covers)]),
         ):
             checks.append(check)
             if not check.ok:
@@ -335,6 +340,17 @@ class Validator:
             if matches(line):
                 return Check(name, False, f"matches a {what}")
         return Check(name, True)
+
+    @staticmethod
+    def _keeps_progress(program: FilterProgram, covered: Sequence[str]) -> Check:
+        extractor = program.extractors[0]
+        if extractor is not None and "loss" in extractor.fields:
+            return Check("keeps_progress", True)
+        for line in covered:
+            if loss_fields(line) is not None:
+                return Check("keeps_progress", False, f"drops lines that report a loss without reading it "
+                                                      f"(a `loss` named group), e.g. {line[:80]!r}")
+        return Check("keeps_progress", True)
 
     def _not_over_general(self, matches, tree) -> Check:
         name = "not_over_general"

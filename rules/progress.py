@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from rules.anomaly import LossSpikeDetector
 from rules.model import ProgressPoint
+from rules.sniff import loss_fields
 
 LineText = Callable[[int], str]
 
@@ -74,6 +75,8 @@ class ProgressTracker:
         self._cols = {name: array("d") for name in _COLUMNS}
         self._lines = array("q")
         self.checkpoints: deque[Checkpoint] = deque(maxlen=256)
+        self._sniffed = 0
+        """Points read from kept lines (rules.sniff) rather than from a filter rule's fields."""
 
     def observe(self, fields: Sequence[str], line_numbers: Sequence[int],
                 columns: Sequence[Sequence[bytes | None]], line_text: LineText = _no_text) -> None:
@@ -110,6 +113,21 @@ class ProgressTracker:
             self.spikes.observe(line_numbers, values["step"], losses, values["loss_scale"], line_text, grads)
         if len(self._lines) > 2 * RECENT_POINTS:
             self._thin()
+
+    def observe_kept(self, line_number: int, text: str) -> None:
+        """A kept line that may report a loss in a format no filter rule reads. Read only
+        while no filter rule has read this source's progress: a pack's own fields are better,
+        and another kind of loss in its kept lines would only mix series."""
+        if self.points_seen > self._sniffed:
+            return
+        found = loss_fields(text)
+        if found is None:
+            return
+        step, loss = found
+        fields = ("step", "loss") if step is not None else ("loss",)
+        columns = [[step.encode()], [loss.encode()]] if step is not None else [[loss.encode()]]
+        self._sniffed += 1
+        self.observe(fields, [line_number], columns, lambda _n: text)
 
     def _note_last_line(self, line_numbers: Sequence[int], steps: Sequence[float], line_text: LineText) -> None:
         """The first line that reported the newest step: with every rank printing the same

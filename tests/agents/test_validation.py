@@ -25,7 +25,8 @@ def test_a_good_pattern_passes_every_check(validator: Validator) -> None:
     result = validator.validate(GOOD, segment=SEGMENT, claims=range(6))
     assert result.ok, result.to_dict()
     assert [c.name for c in result.checks] == ["syntax", "line_bounded", "bounded_time", "claims", "no_error_lines",
-                                               "no_corpus_lines", "not_over_general", "no_evidence_lines"]
+                                               "no_corpus_lines", "not_over_general", "no_evidence_lines",
+                                               "keeps_progress"]
     assert result.covers == frozenset(range(6))
 
 
@@ -44,6 +45,7 @@ def test_a_good_pattern_passes_every_check(validator: Validator) -> None:
     pytest.param("I(?:\\w|\\d)*(?:\\w|\\d)*(?:\\w|\\d)*(?:\\w|\\d)*!", "bounded_time", id="overlapping-alternation"),
     pytest.param("completed step: 1, seconds", "claims", id="does-not-match-its-lines"),
     pytest.param(GOOD.replace("(?P<step>\\d+)", "(?P<step>[0-2])"), "claims", id="matches-too-few"),
+    pytest.param(GOOD.replace("(?P<loss>", "("), "keeps_progress", id="drops-the-loss-unread"),
 ])
 def test_each_check_rejects(validator: Validator, pattern: str, check: str) -> None:
     result = validator.validate(pattern, segment=SEGMENT, claims=range(6))

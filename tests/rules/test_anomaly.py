@@ -62,8 +62,9 @@ def test_lines_without_a_gradient_norm_do_not_break_a_run() -> None:
 
 
 def test_a_format_no_pack_knows_is_read_for_its_loss(builtin_rulebook: Rulebook) -> None:
-    """verl prints `step:N - ... - train/loss:L`: the fallback pack reads the loss, so a
-    loss gone NaN is a loss spike with its first line."""
+    """verl prints `step:N - ... - train/loss:L`, which no pack reads: the kept lines are
+    sniffed for their loss (rules/sniff.py), so a loss gone NaN is a loss spike with its
+    first line."""
     lines = [f"step:{n} - perf/max_memory_allocated_gb:41.29 - train/loss:{loss} - train/grad_norm:0.0 - train/lr:1e-06"
              for n, loss in ((1, "2.31"), (2, "nan"), (3, "nan"))]
     run = JobRun(builtin_rulebook, JobMeta(name="verl-sft"))

@@ -1,0 +1,31 @@
+"""The loss of a metric line that no filter rule reads: formats no pack knows, in pastes too
+short for the Log Agent to learn them.
+
+Trainers without a pack print their loss the same few ways: `loss: L`, `loss=L`, `'loss': L`,
+`train/loss:L`, `loss L`, often after the step (`step: N`, `step:N`, `iter N`). verl prints
+`step:N - ... - train/loss:L` (verl/utils/tracking.py), MaxText `completed step: N, seconds:
+..., loss: L` (MaxText/metric_logger.py), nanoGPT `iter N: loss L, time ...` (train.py).
+Validation losses (`val_loss`, `eval/loss`) are not read: in one series with the training
+loss they would look like jumps. Once a filter rule reads a source's progress (a pack, or a
+template the Log Agent learned with its fields named), its kept lines are no longer sniffed.
+"""
+
+from __future__ import annotations
+
+from rules.linear import compile_linear
+
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff])"
+LOSS_LINE = compile_linear(
+    r"(?:\b(?:step|iter|iteration)['\"]?(?:: ?|=| )(?P<step>\d+)\b.*?)?"
+    r"(?:^|[ \t{,|'\"(]|train[/_])[Ll]oss['\"]?(?:[:=] ?| )['\"]?(?P<loss>" + _NUMBER + r")(?:[^\w.]|$)")
+"""Searched, in RE2 (linear time whatever a line holds)."""
+
+
+def loss_fields(text: str) -> tuple[str | None, str] | None:
+    """(step or None, loss) as printed, when the line reports a training loss."""
+    if "oss" not in text:  # most kept lines: no regex at all
+        return None
+    m = LOSS_LINE.search(text)
+    if m is None:
+        return None
+    return m.group("step"), m.group("loss")
