@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--each", action="store_true", help="each PATH is its own job; one JSON object per line")
     p.add_argument("--job-name", default="", metavar="N", help="job name (finds rules learned for its family)")
     p.add_argument("--framework", default=None, metavar="F", help="framework, to use only its rule packs")
+    p.add_argument("--no-learn", action="store_true",
+                   help="store nothing: rules learned or suggested stay in this run (the store is only read)")
 
     p = sub.add_parser("serve", help="run the HTTP service")
     p.add_argument("--host", default="127.0.0.1", metavar="H")
@@ -50,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--job-name", default="", metavar="N")
     p.add_argument("--framework", default=None, metavar="F")
+    p.add_argument("--no-learn", action="store_true",
+                   help="store nothing: filter rules learned stay in this run (the store is only read)")
 
     p = sub.add_parser("eval", help="score diagnose on a folder of labelled logs, beside naive baselines",
                        description="Diagnose every log listed in DIR/labels.jsonl (file, reason, category, origin, "
@@ -147,10 +151,10 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _context(settings: Settings):
+def _context(settings: Settings, *, learn: bool = True):
     from service.context import Context  # heavy imports only when a command needs them
 
-    return Context.open(settings)
+    return Context.open(settings, learn=learn)
 
 
 def _run_job(ctx, paths: Sequence[str], meta: JobMeta, *, on_kept=None, progress: ProgressLine | None = None,
@@ -175,7 +179,7 @@ def _say_what_was_stored(ctx, run: JobRun, diagnosis: Diagnosis) -> None:
     from rules.redact import redact_text
 
     suggested = [r for r in diagnosis.suggested_rules if r.get("kind") == "diagnosis"]
-    if not run.learned and not suggested:
+    if not ctx.learn or (not run.learned and not suggested):
         return
     scope, status = learned_scope(run.meta)
     what = []
@@ -199,7 +203,7 @@ def cmd_diagnose(args: argparse.Namespace, out: TextIO) -> int:
     check_readable(args.paths)
     reuse_freed_buffers()
     settings = load_settings()
-    with _context(settings) as ctx:
+    with _context(settings, learn=not args.no_learn) as ctx:
         meta = JobMeta(name=args.job_name, framework=args.framework)
         if args.each:
             for path in args.paths:
@@ -217,7 +221,7 @@ def cmd_compress(args: argparse.Namespace, out: TextIO) -> int:
     reuse_freed_buffers()
     settings = load_settings()
     meta = JobMeta(name=args.job_name, framework=args.framework)
-    with _context(settings) as ctx:
+    with _context(settings, learn=not args.no_learn) as ctx:
         if args.json:
             out.write('{"kept": [')
             first = [True]

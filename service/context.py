@@ -32,6 +32,9 @@ class Context:
     closers: list = field(default_factory=list)
     metrics: Metrics = field(default_factory=Metrics)
     review: Review | None = None
+    learn: bool = True
+    """False (`--no-learn`): rules learned or suggested in a run stay in that run, and nothing
+    of the run is written to the store (rule hits, suggested rules, incidents)."""
 
     @classmethod
     @contextmanager
@@ -43,18 +46,21 @@ class Context:
             ctx.close()
 
     @classmethod
-    def build(cls, settings: Settings, *, metrics: Metrics | None = None, embedder: object | None = None) -> Context:
+    def build(cls, settings: Settings, *, metrics: Metrics | None = None, embedder: object | None = None,
+              learn: bool = True) -> Context:
         """Everything a command or the app needs. `embedder` lets tests share one loaded
-        model; otherwise the Failure Agent loads its own, on first use."""
+        model; otherwise the Failure Agent loads its own, on first use. `learn=False`: the
+        store is only read (see `Context.learn`)."""
         db = open_database(settings)
         rulebook = Rulebook(source=store.RuleStore(db))
         metrics = metrics or Metrics()
         ctx = cls(settings=settings, db=db, rulebook=rulebook, metrics=metrics,
-                  review=Review(rulebook, metrics=metrics))
+                  review=Review(rulebook, metrics=metrics), learn=learn)
         if settings.log_agent:
             from service.agents.log import build_log_agent
 
-            agent, closers = build_log_agent(settings, db, rulebook, on_report=metrics.log_agent_report)
+            agent, closers = build_log_agent(settings, db, rulebook, on_report=metrics.log_agent_report,
+                                             persist=learn)
             ctx.log_agent_factory = agent.for_job
             ctx.log_agent_impl = agent
             ctx.closers.extend(closers)
@@ -92,6 +98,8 @@ class Context:
         model is loaded for it). The Log Agent persists its filter rules itself."""
         result = diagnosis.to_dict()
         self.metrics.observe_diagnosis(result, entry=entry)
+        if not self.learn:
+            return
         hits: dict[str, int] = {}
         for source in run.sources.values():
             for rule_id, stats in source.stream.rule_stats().items():

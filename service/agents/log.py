@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 
 from agents.llm import make_backend
-from agents.log_agent import LogAgent, LogAgentConfig
+from agents.log_agent import LogAgent, LogAgentConfig, MemorySink
 from agents.proposals import LLMProposalBackend, ProposalBackend
 from rules.model import FilterRule, RuleKind
 from service.store import jobs as store
@@ -43,6 +43,21 @@ class StoreSink:
             return
 
 
+class ReadOnlySink(StoreSink):
+    """`--no-learn`: what the store says of a rule (a rejected one stays rejected) is read,
+    and what is learned stays in memory."""
+
+    def __init__(self, db: Database):
+        super().__init__(db)
+        self.memory = MemorySink()
+
+    def status_of(self, rule_id: str) -> str | None:
+        return self.memory.status_of(rule_id) or super().status_of(rule_id)
+
+    def save(self, rule: FilterRule, *, status: str, provenance: dict[str, Any]) -> None:
+        self.memory.save(rule, status=status, provenance=provenance)
+
+
 def agent_config(settings: Settings) -> LogAgentConfig:
     return LogAgentConfig(
         votes=settings.log_agent_votes, agreement=settings.log_agent_agreement,
@@ -52,8 +67,9 @@ def agent_config(settings: Settings) -> LogAgentConfig:
 
 
 def build_log_agent(settings: Settings, db: Database, rulebook: Rulebook, *,
-                    on_report: Any = None) -> tuple[LogAgent, list]:
-    """The Log Agent and what must be closed with it."""
+                    on_report: Any = None, persist: bool = True) -> tuple[LogAgent, list]:
+    """The Log Agent and what must be closed with it; `persist=False` keeps what it learns in
+    memory (the run still uses it) and writes nothing to the store."""
     closers: list = []
     backend_factory = None
     if settings.llm_configured:
@@ -68,7 +84,7 @@ def build_log_agent(settings: Settings, db: Database, rulebook: Rulebook, *,
                                       max_calls=settings.log_agent_max_llm_calls)
 
     agent = LogAgent(
-        agent_config(settings), backend=backend_factory, sink=StoreSink(db), guard=rulebook.guard,
+        agent_config(settings), backend=backend_factory, sink=StoreSink(db) if persist else ReadOnlySink(db), guard=rulebook.guard,
         builtin_examples=[e for r in rulebook.filter_rules if r.source == "builtin" for e in r.examples],
         evidence_examples=[e for r in rulebook.diagnosis_rules for e in r.examples], on_report=on_report)
     return agent, closers

@@ -114,3 +114,31 @@ def test_diagnose_says_on_stderr_what_it_stored_and_where(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("faultline: ")]
     assert "filter rule" in line and "family:gpt-7b-pretrain" in line and str(tmp_path / "data") in line
+
+
+def test_no_learn_stores_nothing_and_gives_the_same_answer_twice(tmp_path) -> None:
+    """`--no-learn`: what the Log Agent learns stays in the run (it still compresses with it),
+    nothing lands in the store, so a second run gives the same JSON."""
+    import sqlite3
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
+    env.update(FAULTLINE_DATA_DIR=str(tmp_path / "data"), FAULTLINE_FAILURE_AGENT="false")
+    log = root / "fixtures/logs/cases/megatron/ecc_error.log"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-m", "service.cli", *args, str(log)], capture_output=True, text=True,
+                              cwd=root, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    first = run("diagnose", "--json", "--no-learn", "--job-name", "gpt-7b-pretrain")
+    second = run("diagnose", "--json", "--no-learn", "--job-name", "gpt-7b-pretrain")
+    compressed = run("compress", "--json", "--no-learn", "--job-name", "gpt-7b-pretrain")
+    assert "stored in" not in first.stderr + second.stderr + compressed.stderr
+    assert json.loads(compressed.stdout)["learned"]  # learned, used in the run, not kept
+    with sqlite3.connect(tmp_path / "data" / "faultline.db") as db:
+        assert db.execute("select count(*) from rules").fetchone() == (0,)
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    assert a["root_cause"] == b["root_cause"] and a["suspect_nodes"] == b["suspect_nodes"] == ["node-027"]
+    assert a["compression"] == b["compression"] and a["action"] == b["action"]
