@@ -131,3 +131,27 @@ def mitigation_for(reason_id: str, origin: str, facts: Facts) -> str:
         out.add(f"Settings named in the log: {_join(list(facts.settings))}")
     out.add(entry.mitigation)
     return " ".join(out.parts)
+
+
+MAX_ADVICE_CHARS = 400
+_URL = re.compile(r"(?i)\b(?:https?|ftp)://\S+")
+_MARKUP = re.compile(r"<[^>]{0,200}>|```|`|\*\*|__|^#+\s*|^\s*[-*]\s+", re.MULTILINE)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_DRAIN = re.compile(r"(?i)\b(?:cordon|drain|scontrol|kubectl|reboot|power[- ]?cycle|replace the node)\b")
+
+
+def plain_advice(text: str, *, may_drain: bool) -> str:
+    """A model's advice as a mitigation may hold it: plain text (no markup, no links, no
+    control characters), at most MAX_ADVICE_CHARS cut at a sentence end, and no advice to
+    drain or reboot a node unless the diagnosis itself may (`may_drain`); what a log line
+    made the model say is never an instruction to the scheduler's hook."""
+    text = _CONTROL.sub(" ", text or "")
+    text = _URL.sub("[link removed]", text)
+    text = " ".join(_MARKUP.sub(" ", text).split())
+    if not may_drain and _DRAIN.search(text):
+        return ""
+    if len(text) > MAX_ADVICE_CHARS:
+        cut = text[:MAX_ADVICE_CHARS]
+        end = max(cut.rfind(". "), cut.rfind("! "), cut.rfind("? "))
+        text = cut[:end + 1] if end > MAX_ADVICE_CHARS // 2 else cut.rstrip() + "..."
+    return text

@@ -103,7 +103,9 @@ class StoreWriteBack:
         if root is None or rule_id_of(root.source) != candidate.id:
             got = f"{root.reason} from {root.source}" if root else "nothing"
             return self._refused(candidate, f"it does not match this case as its root cause (the rules would give {got})")
-        status = RuleStatus.ACTIVE if self.auto_accept else RuleStatus.PENDING
+        # a rule that would blame the cluster on text no infrastructure rule recognises waits
+        # for a person, whatever auto_accept says
+        status = RuleStatus.ACTIVE if self.auto_accept and decision.rule_backed else RuleStatus.PENDING
         provenance = {
             "backend": decision.backend, "model": decision.backend, "decision": {
                 "reason": decision.reason, "origin": decision.origin, "tier": decision.tier.value,
