@@ -85,6 +85,14 @@ class JobMeta:
         return job_family(self.name)
 
 
+_NOT_A_HOST = re.compile(
+    r"(?i)(?:[a-z]+[-_])?(?:rank|local[-_]?rank|node[-_]?rank|worker|proc|process|pid|gpu|cuda|device|dev|task|"
+    r"part|shard|log|logs|stdout|stderr|out|err|output|train|training|run|job|attempt|trial|try|retry|step|"
+    r"epoch|iter|default|console)[-_.]?\d+(?:[-_.]\w+)?")
+"""File stems that number a process or an attempt, not a machine: `rank2`, `worker-3`,
+`train_0`, `stdout-1`, `job_7_rank0`; a node is named by the log's own words then."""
+
+
 class JobView:
     """What an agent sees of a running job, read-only, and the one thing it may do to it:
     hand lines it judges error-like to the classifier. Agents are typed against this, not
@@ -226,9 +234,10 @@ class JobRun:
         return run
 
     def _name_node(self, name: str) -> None:
-        """One file per node: a file named like a host stands for that node."""
+        """One file per node: a file named like a host stands for that node; one named for a
+        rank, a worker or an attempt (`rank2.log`, `worker-3.out`) does not."""
         stem = name.rsplit("/", 1)[-1].split(".", 1)[0]
-        if re.fullmatch(r"[A-Za-z][\w-]*\d[\w-]*", stem):
+        if re.fullmatch(r"[A-Za-z][\w-]*\d[\w-]*", stem) and not _NOT_A_HOST.fullmatch(stem):
             self.classifier.default_nodes[name] = stem
 
     def feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:

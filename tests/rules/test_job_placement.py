@@ -71,3 +71,18 @@ def test_the_same_fabric_error_from_many_nodes_cordons_none_of_them(builtin_rule
     assert diagnosis.root_cause.reason == "network_error"
     assert diagnosis.suspect_nodes == [] and diagnosis.action == "investigate"
     assert "12 or more nodes" in diagnosis.mitigation
+
+
+def test_files_named_for_ranks_are_not_nodes(builtin_rulebook) -> None:
+    """`faultline tail ... 'logs/rank*.log'`: the node is the one NCCL's own prefix names, not
+    `rank2`; files named like hosts still stand for their node."""
+    run = JobRun(builtin_rulebook)
+    run.feed("logs/rank0.log", b"step 1 ok\n")
+    run.feed("logs/rank2.log", (_ib_failure(29).split(": ", 1)[1] + "\n").encode())
+    diagnosis = run.finish()
+    assert diagnosis.root_cause.reason == "network_error"
+    assert diagnosis.suspect_nodes == ["gpu-029"] and diagnosis.root_cause.node == "gpu-029"
+    hosts = JobRun(builtin_rulebook)
+    hosts.feed("logs/a100-028.log", b"step 1 ok\n")
+    hosts.feed("logs/a100-029.log", b"RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+    assert hosts.finish().suspect_nodes == ["a100-029"]
