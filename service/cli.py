@@ -23,11 +23,21 @@ EXIT_OK, EXIT_USAGE = 0, 2
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """One line on standard error, exit 2 (argparse would print the whole usage)."""
-        self.exit(EXIT_USAGE, f"faultline: error: {message} (see faultline {self.prog.split()[-1]} --help)\n")
+        self.exit(EXIT_USAGE, f"faultline: error: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("faultline")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="faultline", description="Diagnose why a training job failed, from its logs.")
+    parser.add_argument("--version", action="version", version=f"faultline {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("diagnose", help="diagnose one job from its log files")
@@ -200,17 +210,28 @@ def _empty(paths: Sequence[str]) -> FaultlineError:
 def cmd_diagnose(args: argparse.Namespace, out: TextIO) -> int:
     if args.each and not args.json:
         raise _usage("--each needs --json (one JSON object per line)")
-    check_readable(args.paths)
+    if not args.each:
+        check_readable(args.paths)  # with --each, each file is checked in its turn
     reuse_freed_buffers()
     settings = load_settings()
     with _context(settings, learn=not args.no_learn) as ctx:
         meta = JobMeta(name=args.job_name, framework=args.framework)
         if args.each:
+            # one bad file is reported on its own line and the batch goes on: a directory of
+            # 500 logs is not lost to one truncated upload; the exit status says one failed
+            failed = False
             for path in args.paths:
-                _, diagnosis = _run_job(ctx, [path], meta)
-                out.write(json.dumps({"path": path, **diagnosis.to_dict()}) + "\n")
+                try:
+                    check_readable([path])
+                    _, diagnosis = _run_job(ctx, [path], meta)
+                except FaultlineError as exc:
+                    failed = True
+                    sys.stderr.write(f"faultline: error: {exc}\n")
+                    out.write(json.dumps({"path": path, "error": str(exc)}) + "\n")
+                else:
+                    out.write(json.dumps({"path": path, **diagnosis.to_dict()}) + "\n")
                 out.flush()
-            return EXIT_OK
+            return EXIT_USAGE if failed else EXIT_OK
         _, diagnosis = _run_job(ctx, args.paths, meta, progress=ProgressLine())
         out.write(json.dumps(diagnosis.to_dict(), indent=2) + "\n" if args.json else render(diagnosis))
     return EXIT_OK

@@ -142,3 +142,23 @@ def test_no_learn_stores_nothing_and_gives_the_same_answer_twice(tmp_path) -> No
     a, b = json.loads(first.stdout), json.loads(second.stdout)
     assert a["root_cause"] == b["root_cause"] and a["suspect_nodes"] == b["suspect_nodes"] == ["node-027"]
     assert a["compression"] == b["compression"] and a["action"] == b["action"]
+
+
+def test_version_and_usage_hints_name_real_commands() -> None:
+    done = faultline("--version")
+    assert done.returncode == 0 and done.stdout.decode().startswith("faultline ")
+    assert "(see faultline --help)" in faultline().stderr.decode()
+    assert "(see faultline rules approve --help)" in faultline("rules", "approve").stderr.decode()
+    assert "(see faultline diagnose --help)" in faultline("diagnose").stderr.decode()
+
+
+def test_each_reports_a_bad_file_and_goes_on(tmp_path: Path, log_file: Path) -> None:
+    binary = tmp_path / "core.log"
+    binary.write_bytes(b"\x00\x01\x02 not text\n")
+    done = faultline("diagnose", "--each", "--json", str(binary), str(log_file), str(tmp_path / "missing.log"))
+    assert done.returncode == 2  # one failed, and it says which
+    rows = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert [r["path"] for r in rows] == [str(binary), str(log_file), str(tmp_path / "missing.log")]
+    assert "binary" in rows[0]["error"] and str(binary) in rows[0]["error"]
+    assert rows[1]["root_cause"]["line"] == ROOT_LINE
+    assert "missing.log" in rows[2]["error"]
