@@ -45,6 +45,8 @@ def diagnosis_rule_from_dict(data: dict[str, Any], *, source: str = "builtin") -
         if not is_reason(reason_id):
             raise PackError(f"diagnosis rule {rule_id!r}: unknown reason {reason_id!r}")
         default = reason(reason_id)
+        if data.get("action") == Action.STOP.value:
+            raise PackError(f"diagnosis rule {rule_id!r}: `stop` is the restart budget's action, not a rule's")
         patterns = data["patterns"] if "patterns" in data else [data["pattern"]]
         return DiagnosisRule(
             id=str(rule_id), reason=reason_id, tier=Tier(data.get("tier", "cause")),

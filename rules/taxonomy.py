@@ -33,6 +33,8 @@ class Action(StrEnum):
     ROLLBACK_AND_SKIP = "rollback_and_skip"
     FIX_AND_RESUBMIT = "fix_and_resubmit"
     INVESTIGATE = "investigate"
+    STOP = "stop"
+    """Set by the restart budget (rules.attempts), never by a rule."""
     NONE = "none"
 
 

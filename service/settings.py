@@ -110,6 +110,10 @@ class Settings(BaseSettings):
     """The sidecar's bearer token for a server with FAULTLINE_API_TOKENS (scopes ingest+read);
     `faultline tail --token-file F` reads it from a file instead."""
 
+    restart_budget: int = Field(default=3, ge=1, le=100)
+    """Attempts of one job (same external_id) that may end in the same root cause, with no
+    training progress between them, before the action becomes `stop`."""
+
     hang_floor_s: float = Field(default=30 * 60, gt=0.0)
     """A live job is never stalled before this many seconds without progress."""
     hang_step_factor: float = Field(default=20.0, gt=0.0)

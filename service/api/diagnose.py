@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, Query, Request
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
+from rules.attempts import apply_budget
 from service.store import jobs as store
 from service.deps import INGEST, ContextDep
 from service.errors import BadInput, UnsupportedMediaType
@@ -64,6 +65,8 @@ async def diagnose(
     idempotency_key: Annotated[str | None, Header(
         alias="Idempotency-Key", min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$",
         description="a retry with the same key returns the stored diagnosis instead of storing another")] = None,
+    external_id: Annotated[str | None, Query(min_length=1, max_length=256, description=(
+        "the scheduler's job id: attempts that share it count against the restart budget"))] = None,
 ) -> dict[str, Any]:
     """Diagnose a whole job log sent as text/plain (optionally gzip) or as multipart files."""
     if idempotency_key is not None:
@@ -78,9 +81,8 @@ async def diagnose(
         run = await run_in_threadpool(ctx.new_run, meta)  # reads the rule-set version: I/O
         await read_log_body(request, run, max_bytes=settings.max_request_bytes, max_ratio=settings.max_gzip_ratio)
         diagnosis = await run_in_threadpool(run.finish)
-        result = diagnosis.to_dict()
         try:
-            job_id = await run_in_threadpool(_store, ctx, run, meta, diagnosis, idempotency_key)
+            job_id, result = await run_in_threadpool(_store, ctx, run, meta, diagnosis, idempotency_key, external_id)
         except IntegrityError:
             # the same key was stored meanwhile (a retry that reached another replica first)
             stored = await run_in_threadpool(_stored_result, ctx, idempotency_key) if idempotency_key else None
@@ -98,11 +100,15 @@ def _stored_result(ctx, key: str) -> dict[str, Any] | None:
         return {"job_id": job.id, **job.diagnosis}
 
 
-def _store(ctx, run: JobRun, meta: JobMeta, diagnosis, idempotency_key: str | None) -> str:
+def _store(ctx, run: JobRun, meta: JobMeta, diagnosis, idempotency_key: str | None,
+           external_id: str | None = None) -> tuple[str, dict[str, Any]]:
     """One transaction: the job, its diagnosis, its kept lines and the rule hits are stored
-    together, so a 200 means all of it is stored and an error means none of it is."""
+    together, so a 200 means all of it is stored and an error means none of it is. With an
+    `external_id`, the job's earlier attempts count against the restart budget."""
     result = diagnosis.to_dict()
     with ctx.db.session() as session:
+        if external_id:
+            result = apply_budget(result, store.earlier_attempts(session, external_id), ctx.settings.restart_budget)
         job = store.create_job(session, name=meta.name, family=meta.family,
                                framework=meta.framework, tags=meta.tags, idempotency_key=idempotency_key)
         job.bytes_received = run.bytes_in
@@ -110,7 +116,8 @@ def _store(ctx, run: JobRun, meta: JobMeta, diagnosis, idempotency_key: str | No
         if curve:
             job.meta = {**(job.meta or {}), "loss_curve": curve}
         store.save_diagnosis(session, job, result, finished=True)
+        job.external_id = external_id  # finished already: an attempt, never the open job of that id
         store.save_kept_lines(session, job.id, run.compressed.lines())
         session.flush()
         ctx.after_run(run, diagnosis, entry="diagnose", session=session, job_id=job.id)
-        return job.id
+        return job.id, result

@@ -29,6 +29,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from rules.attempts import apply_budget
 from rules.hang import Silence, report_periods, silence
 from rules.taxonomy import Action, JobStatus
 from rules.verdict import from_hang
@@ -402,6 +403,9 @@ class LiveJobs:
         with self.ctx.db.session() as session:
             self._save_state(session, job_id, version, run)
             job = session.get(Job, job_id)
+            if job.external_id:
+                diagnosis = apply_budget(diagnosis, store.earlier_attempts(session, job.external_id, but=job.id),
+                                         self.ctx.settings.restart_budget)
             job.exit_code = exit_code
             curve = run.loss_curve()
             if curve:

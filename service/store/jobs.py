@@ -235,6 +235,15 @@ def find_jobs(session: Session, *, name: str | None = None, family: str | None =
     return list(session.scalars(query.order_by(Job.created_at.desc()).limit(limit).offset(offset)).all())
 
 
+def earlier_attempts(session: Session, external_id: str, *, but: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    """The diagnoses of a job's finished attempts (same external_id), newest first."""
+    query = select(Job.diagnosis).where(Job.external_id == external_id, Job.finished_at.is_not(None),
+                                        Job.diagnosis.is_not(None))
+    if but:
+        query = query.where(Job.id != but)
+    return [d for d in session.scalars(query.order_by(Job.finished_at.desc(), Job.created_at.desc()).limit(limit))]
+
+
 def save_diagnosis(session: Session, job: Job, diagnosis: dict[str, Any], *, finished: bool) -> None:
     job.diagnosis = diagnosis
     job.status = diagnosis["status"]
