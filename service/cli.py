@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--framework", default=None, metavar="F", help="framework, to use only its rule packs")
     p.add_argument("--no-learn", action="store_true",
                    help="store nothing: rules learned or suggested stay in this run (the store is only read)")
+    p.add_argument("--error-file", action="append", default=[], metavar="PATH", dest="error_files",
+                   help="a torchrun/elastic JSON error file (@record, TORCHELASTIC_ERROR_FILE) as evidence; "
+                        "repeatable, globs allowed, e.g. '/tmp/torchelastic_*/**/error.json'")
 
     p = sub.add_parser("serve", help="run the HTTP service")
     p.add_argument("--host", default="127.0.0.1", metavar="H")
@@ -168,10 +171,12 @@ def _context(settings: Settings, *, learn: bool = True):
 
 
 def _run_job(ctx, paths: Sequence[str], meta: JobMeta, *, on_kept=None, progress: ProgressLine | None = None,
-             diagnose: bool = True) -> tuple[JobRun, Diagnosis]:
+             diagnose: bool = True, error_files: Sequence[tuple[str, bytes]] = ()) -> tuple[JobRun, Diagnosis]:
     run = ctx.new_run(meta, diagnose=diagnose)
     for path in paths:
         feed_path(run, path, progress=progress, on_kept=on_kept)
+    for name, text in error_files:  # each failing rank's recorded exception, a source of its own
+        run.feed(name, text)
     if progress is not None:
         progress.close()
     if not run.sources or all(r.stream.lines_in == 0 for r in run.sources.values()):
@@ -210,8 +215,13 @@ def _empty(paths: Sequence[str]) -> FaultlineError:
 def cmd_diagnose(args: argparse.Namespace, out: TextIO) -> int:
     if args.each and not args.json:
         raise _usage("--each needs --json (one JSON object per line)")
+    if args.each and args.error_files:
+        raise _usage("--error-file belongs to one job: it cannot go with --each")
     if not args.each:
         check_readable(args.paths)  # with --each, each file is checked in its turn
+    from service.ingest.error_files import error_file_text, expand
+
+    error_files = [(path, error_file_text(path)) for path in expand(args.error_files)]
     reuse_freed_buffers()
     settings = load_settings()
     with _context(settings, learn=not args.no_learn) as ctx:
@@ -232,7 +242,7 @@ def cmd_diagnose(args: argparse.Namespace, out: TextIO) -> int:
                     out.write(json.dumps({"path": path, **diagnosis.to_dict()}) + "\n")
                 out.flush()
             return EXIT_USAGE if failed else EXIT_OK
-        _, diagnosis = _run_job(ctx, args.paths, meta, progress=ProgressLine())
+        _, diagnosis = _run_job(ctx, args.paths, meta, progress=ProgressLine(), error_files=error_files)
         out.write(json.dumps(diagnosis.to_dict(), indent=2) + "\n" if args.json else render(diagnosis))
     return EXIT_OK
 

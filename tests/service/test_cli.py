@@ -162,3 +162,40 @@ def test_each_reports_a_bad_file_and_goes_on(tmp_path: Path, log_file: Path) -> 
     assert "binary" in rows[0]["error"] and str(binary) in rows[0]["error"]
     assert rows[1]["root_cause"]["line"] == ROOT_LINE
     assert "missing.log" in rows[2]["error"]
+
+
+def _error_file(folder: Path, local_rank: int, exc: str, frames: str) -> Path:
+    path = folder / "attempt_0" / str(local_rank) / "error.json"
+    path.parent.mkdir(parents=True)
+    # the shape torch writes (elastic/multiprocessing/errors/error_handler.py record_exception)
+    path.write_text(json.dumps({"message": {"message": exc, "extraInfo": {
+        "py_callstack": f"Traceback (most recent call last):\n{frames}{exc}\n", "timestamp": "1732400000"}}}))
+    return path
+
+
+def test_torchrun_error_files_are_evidence(tmp_path: Path) -> None:
+    """The log has only torchrun's summary (`error_file:` names the file); the rank's recorded
+    traceback in its error file names the cause."""
+    log = tmp_path / "job.log"
+    log.write_text("E1128 21:12:50.390000 3139541 torch/distributed/elastic/multiprocessing/api.py:874] failed "
+                   "(exitcode: 1) local_rank: 3 (pid: 3139623) of binary: /usr/bin/python3\n")
+    exc = "ValueError: micro batch size 3 does not divide global batch size 128"
+    _error_file(tmp_path / "torchelastic_x", 3, exc, '  File "/workspace/train.py", line 40, in <module>\n    check()\n')
+    done = faultline("diagnose", "--json", str(log), "--error-file", str(tmp_path / "torchelastic_*" / "**" / "error.json"))
+    assert done.returncode == 0, done.stderr
+    root = json.loads(done.stdout)["root_cause"]
+    assert root["reason"] == "value_error" and root["line"] == f"[default3]:{exc}"
+    assert root["file"].endswith("attempt_0/3/error.json")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"not json", "not a torchrun error file"),
+    (b'{"other": 1}', "not a torchrun error file"),
+    (b'{"message": {"message": "", "extraInfo": {}}}', "records no exception"),
+])
+def test_a_bad_error_file_is_refused_by_name(tmp_path: Path, log_file: Path, content: bytes, message: str) -> None:
+    bad = tmp_path / "error.json"
+    bad.write_bytes(content)
+    done = faultline("diagnose", str(log_file), "--error-file", str(bad))
+    assert done.returncode == 2 and message in done.stderr.decode() and str(bad) in done.stderr.decode()
+    assert "no file matches" in faultline("diagnose", str(log_file), "--error-file", str(tmp_path / "x*.json")).stderr.decode()
