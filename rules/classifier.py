@@ -235,6 +235,13 @@ class Classifier:
 
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _PLACEHOLDER_DEFAULTS = {"node": "the node that reported it", "rank": "the rank that reported it", "file": "the log"}
+_UNKNOWN_RANK = [
+    # the sentence is rewritten rather than filled with a phrase: "(rank the rank that
+    # reported it)" and "Rank the rank that reported it ran out" read as holes
+    (re.compile(r"\s*\((?:on )?rank \{rank\}\)"), ""),
+    (re.compile(r"\bRank \{rank\}"), "A rank"),
+    (re.compile(r"\b(?:on |of )?rank \{rank\}"), "one rank"),
+]
 
 
 def render_mitigation(template: str, values: dict[str, object]) -> str:
@@ -251,4 +258,7 @@ def render_mitigation(template: str, values: dict[str, object]) -> str:
             return _PLACEHOLDER_DEFAULTS.get(name, "(see the error line)" if name.startswith("g_") else m.group(0))
         return str(value)
 
+    if values.get("rank") is None:
+        for pattern, text in _UNKNOWN_RANK:
+            template = pattern.sub(text, template)
     return _PLACEHOLDER.sub(fill, template)

@@ -102,6 +102,12 @@ def from_rule(root: RootCause, others: list[OtherError]) -> tuple[RootCauseView,
         nodes = []
         if action is Action.CORDON_AND_RESTART:
             action = Action.INVESTIGATE
+    if action is Action.CORDON_AND_RESTART and not nodes:
+        # nothing to cordon: a scheduler hook cannot drain "the node that reported it", and a
+        # plain restart may land on the same machine; the log must be read for the node first
+        action = Action.INVESTIGATE
+        where = f"rank {ev.rank}" if ev.rank is not None else "the rank that reported it"
+        mitigation += f" The log does not name the node: find the host of {where} (the scheduler's task map) and cordon it."
     view = RootCauseView(
         reason=rule.reason, category=taxonomy.category.value if taxonomy.category else None,
         origin=rule.origin.value, line=ev.line, line_number=ev.line_number, file=ev.source,
