@@ -29,7 +29,7 @@ from agents.embeddings import Embedder, embedding_text, from_bytes, to_bytes
 from agents.templates import mask
 from rules.envelope import split_envelope
 from rules.model import TIER_RANK, DiagnosisRule, Tier
-from rules.packs import PACKS_DIR
+from rules.packs import PACKS_DIR, SAFE_LOADER
 from rules.taxonomy import REASONS, reason
 
 REASONS_FILE = PACKS_DIR / "reasons.yaml"
@@ -95,7 +95,7 @@ def reason_tier(reason_id: str, rules: Sequence[DiagnosisRule]) -> Tier:
 
 
 def load_reason_descriptions(path: Path = REASONS_FILE) -> dict[str, str]:
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER) or {}
     out = {str(k): " ".join(str(v).split()) for k, v in (data.get("reasons") or {}).items()}
     unknown = sorted(set(out) - set(REASONS))
     if unknown:

@@ -131,6 +131,9 @@ class FieldExtractor:
         self.fields = progress_fields(pattern)
         self.sampled = "checkpoint_step" not in self.fields
         """Dense metric lines may be sampled; checkpoint lines are rare and all of them count."""
+        self._match = self._findall = None
+        if not self.fields:
+            return  # a rule that reads nothing needs no reader (most rules: a third of start-up)
         body = non_capturing(pattern, keep_named=True)
         anchored = ("^%s(?:%s)$" % (ENVELOPE_PATTERN, body)).encode("latin-1")
         suffix = literal_suffix(body)

@@ -15,6 +15,8 @@ from pathlib import Path
 import re2
 import yaml
 
+from rules.packs import SAFE_LOADER
+
 try:  # the wheel is x86-64/aarch64 Linux and macOS only
     import hyperscan
 except ImportError:  # pragma: no cover - exercised where the wheel is missing
@@ -30,7 +32,7 @@ class GuardPattern:
 
 
 def load_guard_patterns(path: Path = ERROR_LIKE_FILE) -> list[GuardPattern]:
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
     return [GuardPattern(p["pattern"], bool(p.get("caseless", False))) for p in data["patterns"]]
 
 

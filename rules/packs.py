@@ -67,9 +67,14 @@ def diagnosis_rule_from_dict(data: dict[str, Any], *, source: str = "builtin") -
         raise PackError(f"diagnosis rule {rule_id!r}: {exc}") from None
 
 
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader when PyYAML was built with it (its wheels are): the packs parse ten
+times faster, a third of a short log's `diagnose` otherwise; the same documents either way."""
+
+
 def _load_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise PackError(f"{path.name}: not valid YAML: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
