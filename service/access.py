@@ -82,7 +82,6 @@ def require(*scopes: str) -> Callable[[Request], str | None]:
             raise BearerRequired("the token is not valid")
         if not token.scopes & {*scopes, "admin"}:
             raise Forbidden(f"the token {token.name!r} lacks the {' or '.join(map(repr, scopes))} scope")
-        request.state.token_name = token.name
         return token.name
 
     check.__name__ = "require_" + "_or_".join(scopes)
