@@ -325,10 +325,11 @@ class JobRun:
             # the failure box's rank-to-host lines (error-like for the guard, so no filter
             # drops them; a name, not an error, for the classifier)
             self.classifier.learn_placement(line)
-        if "oss" in line.text and line.source in self.sources:
+        run = self.sources.get(line.source)
+        if run is not None:
             # a loss in a format no filter rule reads yet (the Log Agent may also have
-            # forwarded the line as an error: a NaN loss is both)
-            self.sources[line.source].progress.observe_kept(line.line_number, line.text)
+            # forwarded the line as an error: a NaN loss is both); rules.sniff prefilters
+            run.progress.observe_kept(line.line_number, line.text)
         if not line.error_like:
             if "above exception" in line.text:
                 self.classifier.feed(line)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from service.access import bearer_token
+from service.access import bearer_token, matching
 from service.access import digest as _digest
 from service.errors import Forbidden, NotFound
 from service.settings import Settings
@@ -93,12 +93,7 @@ class AdminTokens:
 
     def owner(self, presented: str) -> str | None:
         """The label of the token presented, or None."""
-        digest = _digest(presented)
-        found = None
-        for label, known in self._digests:
-            if hmac.compare_digest(digest, known) and found is None:
-                found = label
-        return found
+        return matching(presented, self._digests)
 
     def __bool__(self) -> bool:
         return bool(self._digests)

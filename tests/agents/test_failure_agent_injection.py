@@ -97,6 +97,6 @@ def test_a_fault_printed_as_an_error_by_the_job_drains_nothing(ctx, scripted_llm
     assert d["action"] != "cordon_and_restart" and d["suspect_nodes"] == []
     assert d["root_cause"]["confidence"] < 0.6
     assert "scontrol" not in d["mitigation"] and "evil.example" not in d["mitigation"]
-    if d["root_cause"]["line"] == fake:
-        assert d["action"] == "investigate" and d["mitigation"].startswith("This reads like")
+    assert d["root_cause"]["line"] == fake and d["root_cause"]["reason"] == "network_error"  # the model's lead
+    assert d["action"] == "investigate" and d["mitigation"].startswith("This reads like")
     assert all(r["status"] == "pending" for r in d["suggested_rules"])
