@@ -11,10 +11,11 @@ matching line by line with the whole, anchored pattern.
 from __future__ import annotations
 
 import re
+from functools import partial
 from collections.abc import Sequence
 
 from rules.envelope import ENVELOPE_PATTERN
-from rules.linear import NotLinear, compile_linear
+from rules.linear import NotLinear, compile_linear, findall_bytes
 from rules.model import PROGRESS_FIELDS
 
 _NAMED_GROUP = re.compile(r"\(\?P<(\w+)>")
@@ -147,7 +148,8 @@ class FieldExtractor:
             # A learned or imported pattern runs in RE2 only: linear in the line, whatever it says.
             try:
                 self._match = compile_linear(anchored, latin1=True).match
-                self._findall = compile_linear(search, latin1=True).findall if search else None
+                finder = compile_linear(search, latin1=True) if search else None
+                self._findall = partial(findall_bytes, finder) if finder is not None else None
             except NotLinear as exc:
                 raise FieldError(str(exc)) from None
 

@@ -13,6 +13,12 @@ import re2
 
 MASK = "[REDACTED]"
 
+_SECRET_KEY = (r"(?i)(?<!pad_)(?<!bos_)(?<!eos_)(?<!unk_)(?<!sep_)(?<!cls_)(?<!mask_)"
+               r"((?:password|passwd|secret(?:[_-]?(?:access[_-]?)?key)?|client[_-]?secret|token|api[ _-]?key"
+               r"|access[_-]?key|private[_-]?key|credential)s?[\"']?"
+               r"\s*(?:[=:]|\s)\s*(?:\.{2,}\s*)?)")
+"""A word that names a secret, then `=`, `:` or a space: what a secret value follows."""
+
 # (pattern, replacement) applied in order; replacements keep what tells a reader what it was.
 _RULES: list[tuple[re.Pattern[str], str]] = [
     # scheme://user:password@host (DSNs, git remotes, S3/HTTP with basic auth); the password
@@ -35,20 +41,57 @@ _RULES: list[tuple[re.Pattern[str], str]] = [
     # key = value where the key names a secret (PGPASSWORD=, "api_key": "...", --hf-token x)
     # A tokenizer's special tokens (pad_token = tokenizer.eos_token) name no secret: they are in
     # HF's own error texts that a diagnosis must quote whole.
-    (re.compile(
-        r"(?i)(?<!pad_)(?<!bos_)(?<!eos_)(?<!unk_)(?<!sep_)(?<!cls_)(?<!mask_)"
-        r"((?:password|passwd|secret(?:[_-]?(?:access[_-]?)?key)?|client[_-]?secret|token|api[ _-]?key"
-        r"|access[_-]?key|private[_-]?key|credential)s?[\"']?"
-        r"\s*(?:[=:]|\s)\s*(?:\.{2,}\s*)?)(\"[^\"]{4,200}\"|'[^']{4,200}'|(?![\d.]+\b)[^\s,;}\"']{4,})"),
-     r"\1" + MASK),
+    (re.compile(_SECRET_KEY + r"(\"[^\"]{4,200}\"|'[^']{4,200}'|(?![\d.]+\b)[^\s,;}\"']{4,})"), r"\1" + MASK),
 ]
-# Every rule above needs one of these; most lines have none, and one DFA pass over a whole
-# batch of lines settles it (Python's re takes ~15 us a line on a case-insensitive alternation).
-_TRIGGER_SOURCE = (r"(?i)://|AKIA|ASIA|hf_|sk-|gh[pousr]_|github_pat_|xox|eyJ|bearer|basic|token|passw|secret"
-                   r"|api.?key|access.?key|private.?key|credential|PRIVATE KEY|sig=|signature=|[sr]k_(?:live|test)_"
-                   r"|AIza|cookie|sshpass")
-_TRIGGER = re.compile(_TRIGGER_SOURCE)
-_TRIGGER_RE2 = re2.compile(_TRIGGER_SOURCE)
+
+
+def _line_superset(pattern: str) -> str:
+    """An RE2 pattern that matches every line `pattern` matches, and never across lines.
+
+    Look-ahead and look-behind assertions are left out (an assertion only ever narrows a
+    match, and RE2 has none). Batches of lines are searched joined by newlines, so negated
+    classes and `\\s` are kept off the newline: a match that ran on into the next line could
+    swallow that line's own secret and leave it unredacted.
+    """
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        if pattern[i] == "\\":
+            escape = pattern[i:i + 2]
+            out.append("[^\\S\\n]" if escape == "\\s" and not in_class else escape)
+            i += 2
+        elif in_class:
+            in_class = pattern[i] != "]"
+            out.append(pattern[i])
+            i += 1
+        elif pattern.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
+            depth = 0
+            while True:  # skip to the assertion's closing parenthesis
+                if pattern[i] == "\\":
+                    i += 2
+                    continue
+                depth += {"(": 1, ")": -1}.get(pattern[i], 0)
+                i += 1
+                if depth == 0:
+                    break
+        elif pattern.startswith("[^", i):
+            out.append("[^\\n")
+            in_class, i = True, i + 2
+        else:
+            in_class = pattern[i] == "["
+            out.append(pattern[i])
+            i += 1
+    return "".join(out)
+
+
+# A line is looked at by the rules above only when it may match one of them. Most lines match
+# none, and one RE2 pass (a DFA, linear) over a whole batch of lines settles it; a cruder
+# trigger of key words ("token", "://") sent every progress line reporting tokens/s and every
+# URL through all the rules (Python's re, ~9 us a rule), two thirds of a first `compress`.
+_SHAPES = [p.pattern for p, _ in _RULES[:-1]] + [
+    # the last rule's value without its look-ahead: not only digits and dots (`consumed
+    # tokens: 2015`, on every Megatron progress line), said as "holds another character"
+    _SECRET_KEY + r"(\"[^\"]{4,200}\"|'[^']{4,200}'|[^\s,;}\"']*[^\s,;}\"'\d.][^\s,;}\"']*|\.{4,})"]
+_MAY_MATCH = re2.compile("|".join(f"(?:{_line_superset(shape)})" for shape in _SHAPES))
 _KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 _KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 
@@ -77,7 +120,7 @@ class Redactor:
             self._in_key = not _KEY_END.search(line, begin.end())
             self.redactions += 1
             return line[: begin.end()] + MASK
-        if _TRIGGER.search(line) is None:
+        if _MAY_MATCH.search(line) is None:
             return line
         out = line
         for pattern, replacement in _RULES:
@@ -87,18 +130,18 @@ class Redactor:
 
 
     def redact_many(self, lines: list[str]) -> list[str]:
-        """Redact a batch of lines; only lines that hold a trigger are looked at closely."""
+        """Redact a batch of lines; only lines that may hold a secret are looked at closely."""
         if not lines:
             return lines
         joined = "\n".join(lines)
-        if not self._in_key and _TRIGGER_RE2.search(joined) is None:
-            return lines
         if self._in_key or "PRIVATE KEY" in joined:
             return [self.redact(line) for line in lines]
+        if _MAY_MATCH.search(joined) is None:
+            return lines
         starts = [0]
         for line in lines[:-1]:
             starts.append(starts[-1] + len(line) + 1)
-        hit = sorted({bisect.bisect_right(starts, m.start()) - 1 for m in _TRIGGER_RE2.finditer(joined)})
+        hit = sorted({bisect.bisect_right(starts, m.start()) - 1 for m in _MAY_MATCH.finditer(joined)})
         out = list(lines)
         for i in hit:
             out[i] = self.redact(lines[i])

@@ -100,3 +100,22 @@ def test_learned_progress_fields_are_read_by_re2() -> None:
     assert numbers == [1] and columns == [[b"12"]]
     with pytest.raises(FieldError, match="backreference"):
         FieldExtractor(r"tickle step (?P<step>\d+) (a)\1", trusted=False)
+
+
+def test_findall_bytes_gives_what_the_bindings_findall_gives() -> None:
+    """The fast reader of metric lines is the binding's findall without its match objects:
+    same values for no, one and several groups, groups that do not take part, empty matches
+    and a window inside the data."""
+    import random
+
+    from rules.linear import compile_linear, findall_bytes
+
+    rng = random.Random(7)
+    alphabet = b"ab x\nloss: 1.5 step 3 nan"
+    for pattern in (rb"loss: ([\d.]+)", rb"(a)|(b)", rb"x*", rb"step (\d+) loss ([\d.]+|nan)", rb"loss"):
+        regexp = compile_linear(pattern, latin1=True)
+        for _ in range(200):
+            data = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+            start = rng.randint(0, len(data))
+            stop = rng.randint(start, len(data))
+            assert findall_bytes(regexp, data, start, stop) == regexp.findall(data, start, stop), (pattern, data)

@@ -95,6 +95,29 @@ def test_a_private_key_in_a_live_jobs_tail_stays_masked_across_lines_and_appends
 def test_common_secret_shapes_are_masked(line: str, secret: str) -> None:
     out = redact_text(line)
     assert secret not in out and MASK in out
+    assert Redactor().redact_many(["step 10 loss 2.3", line])[1] == out, "the batch prefilter let it through"
+
+
+def test_a_match_never_runs_on_into_the_next_line_and_hides_its_secret() -> None:
+    """Batches are searched joined by newlines: an open quote after `password` on one line
+    must not make the prefilter's match swallow the next line, whose own secret it would skip."""
+    lines = ['password "abcd', 'x"', "export HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789",
+             "key: 'ab", "cd' token " + "q" * 14]
+    out = Redactor().redact_many(lines)
+    assert out == [Redactor().redact(line) for line in lines]
+    assert "hf_abcdefghijklmnopqrstuvwxyz0123456789" not in out[2] and "q" * 14 not in out[4]
+
+
+def test_lines_that_only_mention_tokens_or_urls_are_not_looked_at_closely() -> None:
+    """Throughput: a progress line reporting tokens/s or a URL with no credentials has no
+    secret shape, so the batch prefilter passes it over (every line of a run has one)."""
+    from rules.redact import _MAY_MATCH
+
+    for line in ["[default7]: iteration 50/ 242204 | consumed tokens:  20155564032 | lm loss: 6.258318E+00 |",
+                 "completed step: 120, seconds: 1.92, TFLOP/s/device: 181.3, Tokens/s/device: 4262.6, loss: 2.81",
+                 "To see full metrics 'tensorboard --logdir=gs://mxt-runs/llama2-7b/tensorboard/'",
+                 "Downloading https://huggingface.co/meta-llama/Llama-2-7b/resolve/main/config.json"]:
+        assert _MAY_MATCH.search(line) is None, line
 
 
 def test_a_pgp_private_key_block_is_masked_whole() -> None:
