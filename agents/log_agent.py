@@ -257,6 +257,9 @@ class JobLogAgent:
                 forward.append(line)
         if forward:
             job.forward_error_lines(forward)
+            # what was called an error in this job is not routine later in it: no rule learned
+            # from this job may drop its shape (the diagnosis may already rest on those lines)
+            self._recent_errors.extend(line.text for line in forward)
 
     # -- learning ----------------------------------------------------------------------------
     def _learn(self, job: JobView, segment: Segment) -> list[FilterRule]:

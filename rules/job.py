@@ -42,6 +42,9 @@ SNAPSHOT_FORMAT = 1
 _TRANSIENT = frozenset({"rulebook", "filter_program", "log_agent", "failure_agent", "_batch", "_flagged"})
 _EXCEPTION_LINE = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ")
 _TRACEBACK = "Traceback (most recent call last)"
+_STACK_FRAME = re.compile(r'File "[^"\n]*", line \d+')
+"""A Python stack frame. Frames with no exception after them are a stack dump of a live
+process (py-spy, gdb's py-bt, faulthandler): taken because it hung, not an error of its own."""
 _BARE_EXCEPTION = re.compile(r"\s*(?:[A-Za-z_]\w*\.)+[A-Z][a-z]+[A-Za-z0-9]*: \S")
 """A Python exception line with a dotted module path, whatever the class is called."""
 _BARE_EXCEPTION_HINT = re.compile(r"\w\.[A-Z][a-z]+[A-Za-z0-9]*: ")
@@ -202,6 +205,8 @@ class JobRun:
         self.lines_cut = 0
         """Lines longer than the ingest limit: their head was kept, the rest skipped."""
         self._last_exception: KeptLine | None = None
+        self._last_error_like: KeptLine | None = None
+        self._frame_before: dict[str, bool] = {}
         self._fatal: dict[str, tuple[int, KeptLine]] = {}
         self._killed: KeptLine | None = None
         """The first line that says a process was killed with SIGKILL."""
@@ -335,6 +340,13 @@ class JobRun:
                 self.classifier.feed(line)
             return
         self.classifier.feed(line)
+        frame = _STACK_FRAME.search(line.text) is not None
+        if not frame and not self._frame_before.get(line.source, False) and self.rulebook.guard.is_error_like(line.text):
+            # error-like by its own words: not a frame's source line (it follows the frame),
+            # not a line kept as context or forwarded by the Log Agent, whose judgement
+            # depends on what it has learned before
+            self._last_error_like = line
+        self._frame_before[line.source] = frame
         if _TRACEBACK in line.text:
             self._saw_traceback = True
         elif _EXCEPTION_LINE.search(line.text) or _bare_exception(line.text):
@@ -401,6 +413,8 @@ class JobRun:
             raise ValueError("job state of another format version")
         run = cls.__new__(cls)
         run.__dict__.update(data["state"])
+        run.__dict__.setdefault("_last_error_like", None)  # a job that began before these were tracked
+        run.__dict__.setdefault("_frame_before", {})
         run.rulebook, run.log_agent, run.failure_agent = rulebook, log_agent, failure_agent
         run._batch, run._flagged = set(), set()
         program = rulebook.filter_program(run.meta.framework, run.meta.name, family=run.meta.family)
@@ -422,7 +436,7 @@ class JobRun:
             self.learned.extend(self.log_agent.finish(self.view()))
         for run in self.sources.values():
             run.progress.spikes.finish()
-        diagnosis = self._rule_diagnosis()
+        diagnosis = self._rule_diagnosis(ended=True)
         if self.failure_agent is not None and needs_agent(diagnosis):
             better = self.failure_agent.diagnose(self.view(), diagnosis)
             if better is not None:
@@ -434,8 +448,19 @@ class JobRun:
         runs = [r for r in self.sources.values() if r.progress.points_seen]
         return max(runs, key=lambda r: (r.progress.last_step or 0, r.progress.points_seen)) if runs else None
 
-    def _rule_diagnosis(self) -> Diagnosis:
-        """The rules' verdict (`rules.verdict.decide`) on what this run has seen so far."""
+    def _last_line(self) -> tuple[str, int, str] | None:
+        """The last non-blank line of the log (of the source that printed most), redacted."""
+        run = max(self.sources.values(), key=lambda r: r.stream.lines_in, default=None)
+        if run is None:
+            return None
+        for back, text in enumerate(reversed(run.tail)):
+            if text.strip():
+                return text, run.stream.lines_in - back, run.name
+        return None
+
+    def _rule_diagnosis(self, *, ended: bool = False) -> Diagnosis:
+        """The rules' verdict (`rules.verdict.decide`) on what this run has seen so far;
+        `ended`: the log is whole (a finished upload or job), not a live job's lines so far."""
         primary = self.primary_progress()
         fatal = self.fatal_line()
         traced = self._saw_traceback or self._last_exception is not None or self._launcher_saw_failure()
@@ -446,6 +471,8 @@ class JobRun:
             node_of=self.classifier.node_of, traceback=self._saw_traceback, failure_traced=traced, failure_line=self._last_exception or fatal,
             fatal=fatal is not None, killed_line=None if self._own_exception else self._killed,
             completed=self.completed(), progress=self.progress_summary(),
+            stopped=self._last_line if ended else lambda: None,
+            last_error_like=self._last_error_like if ended else None,
             compression=self.compression_summary(), filtered=self.filtered_summary()))
 
     def _launcher_saw_failure(self) -> bool:

@@ -180,6 +180,8 @@ def nothing_found(status: JobStatus) -> tuple[str, str]:
 
 # -- the decision ------------------------------------------------------------------------------------
 HangFinder = Callable[[], "tuple[RootCauseView, str] | None"]
+StopFinder = Callable[[], "tuple[str, int, str] | None"]
+"""The last line of an ended log: (text, line number, source)."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,11 @@ class Facts:
     """A process was killed with SIGKILL and the job's own code raised nothing."""
     completed: bool
     """The log says training ended normally."""
+    stopped: StopFinder = lambda: None
+    """For a log that has ended (not a live job so far): its last line, where a job that
+    never reached a training step and shows no error stopped (see `decide`)."""
+    last_error_like: KeptLine | None = None
+    """For a log that has ended: its last error-like line, when no rule knew one."""
     progress: dict[str, Any] = field(default_factory=dict)
     compression: dict[str, Any] = field(default_factory=dict)
     filtered: list[dict[str, Any]] = field(default_factory=list)
@@ -275,6 +282,26 @@ def decide(facts: Facts) -> Diagnosis:
         diagnosis.status = JobStatus.STALLED.value
         diagnosis.root_cause, diagnosis.mitigation = hang
         diagnosis.action = "restart"
+        return diagnosis
+    if not facts.progress.get("points"):
+        # A whole log with no completion and not one training step is not a job "running
+        # mid-training". With an error-like line no rule knows, that line is the best lead
+        # (a storage client's retried read timeouts): the agent is asked about it.
+        if facts.last_error_like is not None:
+            return _unknown_failure(diagnosis, facts.last_error_like)
+        stopped = facts.stopped()
+        if stopped is not None:
+            # With no error at all it stopped in its setup (the first collective after NCCL's
+            # init, a data or model load, the first train step): how a hang that no watchdog
+            # ended looks when its log is posted (each of the 5 dev-split logs that end so).
+            line, line_number, source = stopped
+            view, _ = from_hang(line, line_number, source, None, since="output")
+            diagnosis.status, diagnosis.action = JobStatus.STALLED.value, Action.INVESTIGATE.value
+            diagnosis.root_cause = replace(view, confidence=0.5)
+            diagnosis.mitigation = ("The log ends here, before any training step, with no error. If the job is still "
+                                    "alive and prints nothing more, it hangs at this point: dump the stacks of its ranks "
+                                    "(py-spy dump --pid) to see which collective or load waits, then restart from the "
+                                    "last checkpoint.")
     return diagnosis
 
 

@@ -105,3 +105,47 @@ def test_a_time_limit_reached_while_training_is_a_cancellation(rulebook: Ruleboo
     steps = [_megatron(s, start + timedelta(seconds=6 * s)) for s in range(1, 120)]
     diagnosis = _diagnose(rulebook, [*steps, *_time_limit(start + timedelta(seconds=6 * 120))])
     assert (diagnosis.status, diagnosis.root_cause.reason) == ("failed", "job_cancelled")
+
+
+_SETUP = ["[default0]: > building GPT model ...",
+          "[default0]: > number of parameters on (tensor, pipeline) model parallel rank (0, 0): 1678626816",
+          "gpu-001:4021:4105 [0] NCCL INFO comm 0x4df81900 rank 0 nranks 16 cudaDev 0 busId 85000 - Init COMPLETE",
+          "gpu-001:4021:4021 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x7f78d7e00200 recvbuff 0x7f78d7e00200 "
+          "count 1 datatype 1 op 0 root 0 comm 0x4df81900 [nranks=16] stream 0xb1a7570"]
+
+
+def test_a_whole_log_that_stops_in_its_setup_with_no_error_is_a_stall_at_its_last_line(rulebook: Rulebook) -> None:
+    """Not "running mid-training": not one step was logged. A live job's lines so far still
+    read as running (it may be loading), and a clean exit still makes it healthy."""
+    run = JobRun(rulebook)
+    run.feed("job.log", ("\n".join(_SETUP) + "\n").encode())
+    assert run.current().status == "running"
+    diagnosis = run.finish()
+    assert diagnosis.status == "stalled" and diagnosis.action == "investigate"
+    root = diagnosis.root_cause
+    assert (root.reason, root.line, root.line_number) == ("hang", _SETUP[-1], len(_SETUP))
+    assert "before any training step" in diagnosis.mitigation
+
+    from service.live.runs import with_exit_code
+
+    assert with_exit_code(diagnosis.to_dict(), 0)["status"] == "healthy"
+
+
+def test_a_stack_dump_with_no_exception_is_a_stall_not_an_unknown_failure(rulebook: Rulebook) -> None:
+    """py-spy or gdb's py-bt of a stuck rank: frames, no exception. People post them because
+    the job hung; the frames are error-like for the guard, not an error of their own."""
+    dump = [*_SETUP[:3], "(gdb) py-bt", "Traceback (most recent call first):",
+            '  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 2050, '
+            "in all_reduce", "    work = group.allreduce([tensor], opts)",
+            '  File "/workspace/train.py", line 211, in train_step', "    dist.all_reduce(loss)"]
+    diagnosis = _diagnose(rulebook, dump)
+    assert diagnosis.status == "stalled" and diagnosis.root_cause.reason == "hang"
+
+
+def test_a_whole_log_with_no_step_and_an_error_no_rule_knows_fails_on_that_line(rulebook: Rulebook) -> None:
+    """Never silent: the error-like line is the lead, not the last line (a client's retries)."""
+    lines = [*_SETUP[:2], "[2025-03-10 18:07:37 WARNING] 'QuorumWaitError(\"metadata quorum of 3 not reached\")' "
+             "thrown while reading shard-00017", "[2025-03-10 18:07:37 WARNING] Retrying in 1s [Retry 1/5]."]
+    diagnosis = _diagnose(rulebook, lines)
+    assert diagnosis.status == "failed"
+    assert diagnosis.root_cause.line_number == 3
