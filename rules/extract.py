@@ -170,6 +170,14 @@ class FieldExtractor:
         numbers = [n for n, m in zip(line_numbers, matches, strict=True) if m is not None]
         return numbers, self._transpose([m.groups() for m in matches if m is not None])
 
+    def columns_joined(self, joined: bytes, line_numbers: Sequence[int]) -> tuple[list[int], Columns]:
+        """Field values of metric lines joined by newlines, one line per number."""
+        if self._findall is not None:
+            rows = self._findall(joined, 0, len(joined))
+            if len(rows) == len(line_numbers):
+                return list(line_numbers), self._transpose(rows)
+        return self.columns_of(joined.split(b"\n"), line_numbers)
+
     def columns_of(self, lines: Sequence[bytes], line_numbers: Sequence[int]) -> tuple[list[int], Columns]:
         """Field values of the given lines (each without its newline)."""
         matches = [self._match(line) for line in lines]
