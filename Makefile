@@ -51,6 +51,8 @@ test-postgres: install chromium
 bench: install
 	@command -v rg >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq ripgrep >/dev/null; } || echo "warning: ripgrep is missing: its column will be empty"
 	$(BIN)/python -m bench.filter_bench
+	# formats no pack knows: first run (the Log Agent learns) and second, beside ripgrep
+	$(BIN)/python -m bench.unknown_formats_bench
 	# right on real logs it was never tuned on: the real corpus's test split, beside the baselines
 	$(BIN)/faultline eval fixtures/real --split test
 

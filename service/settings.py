@@ -240,7 +240,18 @@ class _ConfigFileSource(PydanticBaseSettingsSource):
                 data = tomllib.load(handle)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read FAULTLINE_CONFIG {path!r}: {exc}") from None
-        return {k: v for k, v in data.items() if k in Settings.model_fields}
+        unknown = [key for key in data if key not in Settings.model_fields]
+        if unknown:
+            # a typo must not leave a setting at its default without a word
+            import difflib
+
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key.lower().removeprefix("faultline_"), Settings.model_fields, n=1)
+                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise ConfigError(f"FAULTLINE_CONFIG {path!r}: unknown setting(s) {', '.join(hints)}; "
+                              "keys are the FAULTLINE_* variable names in lower case, without the prefix")
+        return data
 
 
 def _message(error: Any) -> str:
