@@ -54,12 +54,24 @@ def _error(status: int, message: str, **extra: object) -> JSONResponse:
     return JSONResponse({"error": message, "status": status, **extra}, status_code=status)
 
 
+def _log_to_stderr() -> None:
+    """The service's own INFO lines (one per diagnosis, webhook deliveries) beside uvicorn's:
+    uvicorn configures only its own loggers, and each worker process builds its app here."""
+    ours = logging.getLogger("faultline")
+    if not ours.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+
+
 def create_app(settings: Settings | None = None, *, embedder: object | None = None) -> FastAPI:
     """The app; raises ConfigError (refuses to start) with admin enabled and no real token.
     `embedder`: a loaded embedding model to share (tests); by default the Failure Agent
     loads its own on first use."""
     settings = settings or load_settings()
     settings.require_admin_token()
+    _log_to_stderr()
     registry = Metrics()
 
     @asynccontextmanager

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,6 +20,8 @@ from rules.job import FailureAgentHook, JobMeta, JobRun, LogAgentHook
 from service.admin.review import Review
 from rules.rulebook import Rulebook
 from service.settings import Settings
+
+log = logging.getLogger("faultline.diagnosis")
 
 
 @dataclass
@@ -98,6 +102,13 @@ class Context:
         model is loaded for it). The Log Agent persists its filter rules itself."""
         result = diagnosis.to_dict()
         self.metrics.observe_diagnosis(result, entry=entry)
+        root = result.get("root_cause") or {}
+        # one line per diagnosis, key=value, for the operator's log search (what the metrics
+        # count, per job); the log's own text is never in it
+        log.info("diagnosis entry=%s job=%s name=%s status=%s reason=%s origin=%s action=%s source=%s lines=%d",
+                 entry, job_id or "-", json.dumps(run.meta.name or ""), result["status"], root.get("reason") or "-",
+                 root.get("origin") or "-", result.get("action") or "-", root.get("source") or "-",
+                 sum(src.stream.lines_in for src in run.sources.values()))
         if not self.learn:
             return
         hits: dict[str, int] = {}

@@ -32,7 +32,7 @@ from service.store.models import Job, Notification, utcnow
 from service.settings import Settings
 from service.threads import in_thread
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("faultline.webhooks")
 
 SIGNATURE_HEADER = "X-Faultline-Signature"
 EVENT_HEADER = "X-Faultline-Event"
@@ -163,6 +163,9 @@ class Deliverer:
                 row.next_attempt_at = utcnow() + timedelta(seconds=self.backoff_s(attempt))
                 row.last_error = error[:2000]
                 outcome = "retry"
+        # one line per delivery attempt, key=value like the diagnosis line
+        log.info("webhook notification=%s event=%s attempt=%d outcome=%s%s", nid, event, attempt, outcome,
+                 "" if error is None else f" error={json.dumps(error[:200])}")
         self.metrics.notifications.labels(event, outcome).inc()
 
     async def send(self, client: httpx.AsyncClient, nid: int, event: str, body: dict[str, Any]) -> str | None:
