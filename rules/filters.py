@@ -210,7 +210,8 @@ class FilterStream:
         self._last = [0] * n
         self._succ = list(range(n))
         self._blocks: OrderedDict[tuple, object] = OrderedDict()
-        self._budget = [self.sample_bytes] * n  # the first metric line is always read
+        self._sampled_upto = [-1] * n
+        """Per metric rule, the last sample interval read (-1: none; its first line is read)."""
         self._pending: dict[int, tuple[int, bytes]] = {}
         self._rows = _Rows()
         self._resume: dict[int, tuple] = {}
@@ -227,7 +228,7 @@ class FilterStream:
         """Statistics and counters only: compiled programs are reattached with set_program()."""
         self._flush_stats()
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("program", "_count", "_first", "_last", "_succ", "_blocks", "_budget", "_pending", "_rows", "_resume")}
+                if k not in ("program", "_count", "_first", "_last", "_succ", "_blocks", "_sampled_upto", "_pending", "_rows", "_resume")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -364,15 +365,19 @@ class FilterStream:
             self._extract_every_line(k, span, first_line, lines_per, offset, n)
             return
         self._flush_rows()
-        self._budget[k] += span.stop - span.start
-        if self._budget[k] < self.sample_bytes:
+        # Sample points sit at fixed offsets of the log (every sample_bytes), not at a count
+        # of bytes since the rule began: a rule learned mid-log then reads the same lines as
+        # the same rule in force from the start, from its first run on (the first and the
+        # second run of one log report the same progress).
+        interval = (self.bytes_in + span.stop) // self.sample_bytes
+        if interval == self._sampled_upto[k]:
             # not yet: remember the last line, read at the end of the buffer if still last
             total = span.total
             index = _last_in_period(total - 1, lines_per, offset, n)
             self._pending[k] = (first_line + index, _line_at(span.data, span.start, span.stop, index, total - 1 - index))
             return
-        samples = max(1, min(self._budget[k] // self.sample_bytes, MAX_SAMPLES_PER_RUN))
-        self._budget[k] = 0
+        samples = max(1, min(interval - self._sampled_upto[k], MAX_SAMPLES_PER_RUN))
+        self._sampled_upto[k] = interval
         self._pending.pop(k, None)
         indexes, lines = _sampled_lines(span, samples, lines_per, offset, n)
         numbers, columns = extractor.columns_of(lines, [first_line + i for i in indexes])

@@ -237,3 +237,30 @@ def test_program_swap_keeps_statistics_by_rule_id() -> None:
     stats = stream.rule_stats()
     assert stats["megatron.iteration"].count == 2 * first
     assert stats["megatron.timer"].first_line > len(lines)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_metric_rule_learned_mid_log_samples_what_it_would_have_from_the_start(seed: int) -> None:
+    """Learning must not change the progress read: sample points sit at fixed offsets of the
+    log, so once the rule is in force (the first run learns it, the second has it from the
+    start) both read the same metric lines, from its first run on."""
+    lines = make_log(seed, steps=3000)
+    data = ("\n".join(lines) + "\n").encode()
+    cuts = sorted({data.rfind(b"\n", 0, c) + 1 for c in range(1 << 10, len(data), 1 << 10)} | {len(data)})
+    switch = cuts[len(cuts) // 3]
+    without_metric = [r for r in RULES if r.id != "megatron.iteration"]
+
+    def points(learned_late: bool) -> list[int]:
+        tracker = ProgressTracker()
+        program = FilterProgram(without_metric if learned_late else RULES, GUARD)
+        stream = FilterStream(program, on_progress=tracker.observe, sample_bytes=4096, sample_after=0)
+        start = 0
+        for stop in cuts:
+            if learned_late and start == switch:
+                stream.set_program(FilterProgram(RULES, GUARD))
+            stream.feed(data[start:stop])
+            start = stop
+        return [p.line_number for p in tracker.curve() if p.line_number > data.count(b"\n", 0, switch) + 200]
+
+    late, early = points(True), points(False)
+    assert late and late == early
