@@ -65,6 +65,10 @@ _SIGKILL = re.compile(r"\bexitcode\s*:\s*-9\b|\(exitcode: -9\)|Signal 9 \(SIGKIL
                       r"|\bexit(?:ed with)? (?:exit )?(?:code|status)\W{0,2}137\b|^\W*Killed\s*$")
 """A process killed with signal 9 (exit -9, or 137 from a shell): nothing inside it could
 say why, because SIGKILL cannot be caught."""
+_SIGBUS = re.compile(r"\bexitcode\s*:\s*-7\b|\(exitcode: -7\)|Signal 7 \(SIGBUS\)")
+"""A process killed by SIGBUS (exit -7): in training, a write to shared memory (/dev/shm) that
+had run out, which no Python code sees coming (pytorch#5247)."""
+_BOX_ROOT = "Root Cause (first observed failure)"
 _LAUNCHER_EXCEPTION = re.compile(r"ChildFailedError|torch\.distributed\.elastic")
 """torchrun's own report that a worker failed: a consequence, not the worker's exception."""
 _NOT_FATAL = re.compile(r"\b[A-Z]\w*Warning\b|^\W*(?:WARNING|WARN|W\d{4})\b|\[W\d{3,4} |(?<!NCCL )\bWARN(?:ING)?\b"
@@ -209,6 +213,9 @@ class JobRun:
         self._frame_before: dict[str, bool] = {}
         self._fatal: dict[str, tuple[int, KeptLine]] = {}
         self._killed: KeptLine | None = None
+        self._bus_error: KeptLine | None = None
+        self._box_root_at: dict[str, int] = {}
+        """Per source, the line of torchrun's "Root Cause (first observed failure)" header."""
         """The first line that says a process was killed with SIGKILL."""
         self._own_exception = False
         """An exception of the job's own code was seen (not the launcher's report of it)."""
@@ -352,12 +359,32 @@ class JobRun:
         elif _EXCEPTION_LINE.search(line.text) or _bare_exception(line.text):
             self._last_exception = line
             self._own_exception |= not _LAUNCHER_EXCEPTION.search(line.text)
-        if self._killed is None and _SIGKILL.search(line.text):
+        if _BOX_ROOT in line.text:
+            self._box_root_at.setdefault(line.source, line.line_number)
+        if _SIGKILL.search(line.text) and self._prefer(line, self._killed):
             self._killed = line
+        if _SIGBUS.search(line.text) and self._prefer(line, self._bus_error):
+            self._bus_error = line
         if _FATAL.search(line.text) and not _NOT_FATAL.search(line.text):
             held = self._fatal.get(line.source)
             if held is None or held[1].line_number < self._progress_line(line.source):
                 self._fatal[line.source] = (self.classifier.seq, line)
+
+    def _prefer(self, line: KeptLine, held: KeptLine | None) -> bool:
+        """Take `line` as the signal's evidence over `held`: nothing held yet, or `line` is in
+        torchrun's "Root Cause (first observed failure)" section and `held` (from the list of
+        other failures printed above it) is not, or names the signal where `held` gave only
+        the exit code."""
+        if held is None:
+            return True
+        at = self._box_root_at.get(line.source)
+        if at is None or line.line_number < at:
+            return False
+        held_at = self._box_root_at.get(held.source)
+        if held_at is None or held.line_number < held_at:
+            return True
+        # both in that section: the line naming the signal says more than the exit code
+        return "Signal " in line.text and "Signal " not in held.text
 
     def _progress_line(self, source: str) -> int:
         run = self.sources.get(source)
@@ -415,6 +442,8 @@ class JobRun:
         run.__dict__.update(data["state"])
         run.__dict__.setdefault("_last_error_like", None)  # a job that began before these were tracked
         run.__dict__.setdefault("_frame_before", {})
+        run.__dict__.setdefault("_bus_error", None)
+        run.__dict__.setdefault("_box_root_at", {})
         run.rulebook, run.log_agent, run.failure_agent = rulebook, log_agent, failure_agent
         run._batch, run._flagged = set(), set()
         program = rulebook.filter_program(run.meta.framework, run.meta.name, family=run.meta.family)
@@ -470,6 +499,7 @@ class JobRun:
             progress_source=primary.name if primary else None, hang=lambda: self._hang(primary),
             node_of=self.classifier.node_of, traceback=self._saw_traceback, failure_traced=traced, failure_line=self._last_exception or fatal,
             fatal=fatal is not None, killed_line=None if self._own_exception else self._killed,
+            bus_error_line=None if self._own_exception else self._bus_error,
             completed=self.completed(), progress=self.progress_summary(),
             stopped=self._last_line if ended else lambda: None,
             last_error_like=self._last_error_like if ended else None,

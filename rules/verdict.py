@@ -215,6 +215,8 @@ class Facts:
     never reached a training step and shows no error stopped (see `decide`)."""
     last_error_like: KeptLine | None = None
     """For a log that has ended: its last error-like line, when no rule knew one."""
+    bus_error_line: KeptLine | None = None
+    """A process was killed with SIGBUS and the job's own code raised nothing."""
     progress: dict[str, Any] = field(default_factory=dict)
     compression: dict[str, Any] = field(default_factory=dict)
     filtered: list[dict[str, Any]] = field(default_factory=list)
@@ -270,6 +272,8 @@ def decide(facts: Facts) -> Diagnosis:
         return diagnosis
     if facts.killed_line is not None:
         return _killed(diagnosis, facts.killed_line)
+    if facts.bus_error_line is not None:
+        return _bus_error(diagnosis, facts.bus_error_line)
     if facts.failure_traced:
         return _unknown_failure(diagnosis, facts.failure_line)
     if facts.completed:
@@ -347,6 +351,21 @@ def _killed(diagnosis: Diagnosis, line: KeptLine) -> Diagnosis:
         "process', then lower host memory use (fewer workers, smaller prefetch, load on one rank) or ask the "
         "scheduler for more memory. If the kernel log shows no OOM kill, look for who sent the signal "
         "(the scheduler's memory limit, a watchdog).")
+    return diagnosis
+
+
+def _bus_error(diagnosis: Diagnosis, line: KeptLine) -> Diagnosis:
+    """SIGBUS with no exception of the job's own: shared memory ran out (PyTorch maps tensors
+    shared between processes, DataLoader batches and NCCL's SHM transport, as files in
+    /dev/shm, and a write past what it can hold is a bus error, not an exception)."""
+    diagnosis = _killed(diagnosis, line)
+    diagnosis.root_cause = replace(diagnosis.root_cause, source="evidence:sigbus")
+    diagnosis.mitigation = (
+        "A process was killed with SIGBUS (exit code -7) and raised no error of its own: in training this is "
+        "almost always shared memory (/dev/shm) running out, which PyTorch's DataLoader workers and NCCL's "
+        "shared-memory transport write to. Give the job more shared memory (docker --shm-size, a Kubernetes "
+        "emptyDir with medium: Memory, the node's /dev/shm size) or use fewer DataLoader workers; check "
+        "`df -h /dev/shm` on the node while it runs.")
     return diagnosis
 
 

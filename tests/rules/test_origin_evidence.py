@@ -42,3 +42,31 @@ def test_after_training_steps_the_rule_origin_stands(builtin_rulebook: Rulebook,
     d = diagnose(builtin_rulebook, [*STEPS, FAILURES[reason]])
     assert d.root_cause.reason == reason
     assert d.root_cause.origin == "infrastructure" and d.action != "fix_and_resubmit"
+
+
+def _torchrun_box(signal: int, name: str, pids: list[int]) -> list[str]:
+    def entry(i: int, pid: int) -> list[str]:
+        return [f"[{i}]:", "  time      : 2024-01-16_18:04:01", "  host      : node-1",
+                f"  rank      : {i} (local_rank: {i})", f"  exitcode  : -{signal} (pid: {pid})",
+                "  error_file: <N/A>", f"  traceback : Signal {signal} ({name}) received by PID {pid}"]
+    return ["============================================================", "train.py FAILED",
+            "------------------------------------------------------------", "Failures:",
+            *[line for i, pid in enumerate(pids[1:], 1) for line in entry(i, pid)],
+            "------------------------------------------------------------", "Root Cause (first observed failure):",
+            *entry(0, pids[0]), "============================================================"]
+
+
+def test_ranks_killed_by_sigbus_with_no_exception_ran_out_of_shared_memory(builtin_rulebook: Rulebook) -> None:
+    """Evidence, not a rule's words: SIGBUS and no exception of the job's own is /dev/shm full
+    (pytorch#5247); the line named is the one torchrun calls the root cause, not the first
+    rank listed above it."""
+    d = diagnose(builtin_rulebook, [*STEPS, *_torchrun_box(7, "SIGBUS", [16609, 16614, 16615])])
+    assert (d.root_cause.reason, d.root_cause.origin, d.action) == ("out_of_memory", "user", "fix_and_resubmit")
+    assert d.root_cause.line == "  traceback : Signal 7 (SIGBUS) received by PID 16609"
+    assert "/dev/shm" in d.mitigation
+
+
+def test_sigkill_names_the_root_cause_section_of_the_box_too(builtin_rulebook: Rulebook) -> None:
+    d = diagnose(builtin_rulebook, [*STEPS, *_torchrun_box(9, "SIGKILL", [2201, 2202, 2203])])
+    assert (d.root_cause.reason, d.root_cause.origin) == ("out_of_memory", "user")
+    assert d.root_cause.line == "  traceback : Signal 9 (SIGKILL) received by PID 2201"
