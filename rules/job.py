@@ -213,10 +213,11 @@ class JobRun:
         self._frame_before: dict[str, bool] = {}
         self._fatal: dict[str, tuple[int, KeptLine]] = {}
         self._killed: KeptLine | None = None
+        """The line that says a process was killed with SIGKILL (see `_prefer`)."""
         self._bus_error: KeptLine | None = None
+        """The same for SIGBUS."""
         self._box_root_at: dict[str, int] = {}
         """Per source, the line of torchrun's "Root Cause (first observed failure)" header."""
-        """The first line that says a process was killed with SIGKILL."""
         self._own_exception = False
         """An exception of the job's own code was seen (not the launcher's report of it)."""
         """Per source: the first fatal-looking line after that source's latest progress line."""

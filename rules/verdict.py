@@ -225,7 +225,9 @@ class Facts:
 def decide(facts: Facts) -> Diagnosis:
     """Status and root cause, by precedence: a loss spike the metrics saw before what killed
     the job; a cancellation long after progress stopped is a hang; the rules' root cause;
-    a spike alone; a failure no rule knows (never silent); a clean end; a hang; running."""
+    a spike alone; SIGKILL or SIGBUS with no exception of the job's own; a failure no rule
+    knows (never silent); a clean end; a hang; for a whole log with no training step, its
+    error-like line no rule knows, else a stall at its last line; running."""
     root, others = choose_root_cause(facts.found)
     spike = facts.spike
     diagnosis = Diagnosis(status=JobStatus.RUNNING.value, root_cause=None, action="none", mitigation="",
