@@ -391,21 +391,15 @@ class FilterStream:
         if lines_per == n:
             self._rows.add(k, data, start, stop, first_line, total)  # read with the buffer (_flush_rows)
             return
-        self._flush_rows()
-        if lines_per == n:
-            numbers, columns = extractor.columns(data, start, stop, range(first_line, first_line + total), first_line)
-            last_line = first_line + total - 1
+        self._flush_rows()  # a block's metric lines at fixed offsets of each period: read now, in order
+        indexes = [p * lines_per + offset + j for p in range(total // lines_per) for j in range(n)]
+        lines = _lines_at(data, start, stop, indexes)
+        numbers, columns = extractor.columns_of(lines, [first_line + i for i in indexes])
+        texts = dict(zip((first_line + i for i in indexes), lines, strict=True))
 
-            def line_text(number: int) -> str:
-                return _line_at(data, start, stop, number - first_line, last_line - number).decode("utf-8", "replace")
-        else:
-            indexes = [p * lines_per + offset + j for p in range(total // lines_per) for j in range(n)]
-            lines = _lines_at(data, start, stop, indexes)
-            numbers, columns = extractor.columns_of(lines, [first_line + i for i in indexes])
-            texts = dict(zip((first_line + i for i in indexes), lines, strict=True))
+        def line_text(number: int) -> str:
+            return texts[number].decode("utf-8", "replace")
 
-            def line_text(number: int) -> str:
-                return texts[number].decode("utf-8", "replace")
         if numbers:
             self._on_progress(extractor.fields, numbers, columns, line_text)
 
