@@ -25,14 +25,10 @@ import tempfile
 from pathlib import Path
 
 from bench.filter_bench import OUT, ROOT, best_of, line_patterns, timed
+from fixtures.logs.generate import parse_size
 from fixtures.logs.unknown_formats import helix_log, maxtext_log
 
 FORMATS = {"maxtext": (maxtext_log, "oom"), "helix": (helix_log, "ecc")}
-
-
-def _bytes(size: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(size[:-1]) * units[size[-1].upper()]) if size[-1].upper() in units else int(size)
 
 
 def generate(name: str, size: str) -> Path:
@@ -42,7 +38,7 @@ def generate(name: str, size: str) -> Path:
         return path
     make, failure = FORMATS[name]
     sample = len(make(steps=2000, failure=failure).text().encode())
-    steps = max(2000, int(2000 * _bytes(size) / sample))
+    steps = max(2000, int(2000 * parse_size(size) / sample))
     print(f"generating {path} ({steps} steps) ...", file=sys.stderr)
     OUT.mkdir(parents=True, exist_ok=True)
     path.write_text(make(steps=steps, failure=failure).text(), encoding="utf-8")

@@ -349,10 +349,11 @@ class JobRun:
             return
         self.classifier.feed(line)
         frame = _STACK_FRAME.search(line.text) is not None
-        if not frame and not self._frame_before.get(line.source, False) and self.rulebook.guard.is_error_like(line.text):
+        if (not frame and not self._frame_before.get(line.source, False)
+                and (line.source, line.line_number) not in self._forwarded):
             # error-like by its own words: not a frame's source line (it follows the frame),
-            # not a line kept as context or forwarded by the Log Agent, whose judgement
-            # depends on what it has learned before
+            # not a line the Log Agent forwarded, whose judgement depends on what it has
+            # learned before (the same log would end on another line the second time)
             self._last_error_like = line
         self._frame_before[line.source] = frame
         if _TRACEBACK in line.text:
