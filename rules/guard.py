@@ -19,6 +19,8 @@ from rules.packs import SAFE_LOADER
 
 try:  # the wheel is x86-64/aarch64 Linux and macOS only
     import hyperscan
+
+    from rules import hyperscan_cache
 except ImportError:  # pragma: no cover - exercised where the wheel is missing
     hyperscan = None
 
@@ -73,11 +75,8 @@ class ErrorGuard:
     def _compile_hyperscan(self):
         if hyperscan is None:
             raise ValueError("guard engine 'hyperscan' requested but the hyperscan package is missing")
-        db = hyperscan.Database()
         flags = [hyperscan.HS_FLAG_CASELESS if p.caseless else 0 for p in self.patterns]
-        db.compile(expressions=[p.pattern.encode() for p in self.patterns],
-                   ids=list(range(len(self.patterns))), elements=len(self.patterns), flags=flags)
-        return db
+        return hyperscan_cache.database([p.pattern.encode() for p in self.patterns], flags)
 
     def _compile_re2(self):
         opts = re2.Options()

@@ -14,13 +14,17 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rules.model import RuleKind, RuleStatus
-from service.store import jobs as store
-from service.store.db import Database, open_database
 from service.errors import BadInput
 from service.settings import load_settings
+
+if TYPE_CHECKING:
+    from service.store.db import Database
+
+# The store (SQLAlchemy) is imported by the commands that use it, not by `faultline --help`,
+# which builds this parser too: importing it was half a second of every --help.
 
 EXIT_OK = 0
 
@@ -33,6 +37,8 @@ class Subcommand:
 
 
 def open_db() -> Database:
+    from service.store.db import open_database
+
     return open_database(load_settings())
 
 
@@ -48,6 +54,8 @@ def _configure_list(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
+    from service.store import jobs as store
+
     db = open_db()
     try:
         with db.session() as session:
@@ -113,6 +121,7 @@ def actor_of(args: argparse.Namespace) -> str:
 def _review(db: Database):
     from service.admin.review import Review
     from rules.rulebook import Rulebook
+    from service.store import jobs as store
 
     return Review(Rulebook(source=store.RuleStore(db)))
 
@@ -127,6 +136,7 @@ def _configure_approve(p: argparse.ArgumentParser) -> None:
 
 def cmd_approve(args: argparse.Namespace, out: TextIO) -> int:
     from service.admin import review
+    from service.store import jobs as store
 
     db = open_db()
     try:
@@ -147,6 +157,7 @@ def _configure_reject(p: argparse.ArgumentParser) -> None:
 
 def cmd_reject(args: argparse.Namespace, out: TextIO) -> int:
     from service.admin import review
+    from service.store import jobs as store
 
     db = open_db()
     try:
@@ -171,6 +182,7 @@ def _configure_export(p: argparse.ArgumentParser) -> None:
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     from service.admin import review
+    from service.store import jobs as store
 
     db = open_db()
     try:

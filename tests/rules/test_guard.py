@@ -89,3 +89,23 @@ def test_threads_scan_at_the_same_time(guard: ErrorGuard) -> None:
     for thread in threads:
         thread.join()
     assert results == [True] * 160
+
+
+
+def test_the_compiled_guard_is_kept_on_disk_and_a_bad_copy_is_compiled_again(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("hyperscan")
+    monkeypatch.setenv("FAULTLINE_CACHE_DIR", str(tmp_path))
+    text = "\n".join(["step 1 ok", *ERROR_LINES, "step 2 ok"]).encode() + b"\n"
+    want = ErrorGuard(engine="re2").error_line_spans(text)
+
+    assert ErrorGuard(engine="hyperscan").error_line_spans(text) == want  # compiled, then stored
+    (stored,) = tmp_path.glob("hyperscan-*.db")
+    assert ErrorGuard(engine="hyperscan").error_line_spans(text) == want  # read back
+    # other patterns are another file, never the stored database
+    first = ErrorGuard(ErrorGuard().patterns[:1], engine="hyperscan")
+    assert len(list(tmp_path.glob("hyperscan-*.db"))) == 2
+    assert len(first.error_line_spans(text)) < len(want)
+    size = stored.stat().st_size
+    stored.write_bytes(stored.read_bytes()[:100])  # cut short (a full disk, another build)
+    assert ErrorGuard(engine="hyperscan").error_line_spans(text) == want
+    assert stored.stat().st_size == size  # written again, whole

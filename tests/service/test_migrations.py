@@ -47,10 +47,14 @@ def test_the_suite_runs_on_the_backend_it_was_asked_for(db: Database) -> None:
 
 
 def test_the_head_revision_is_exactly_the_models(db: Database) -> None:
-    assert migrate.upgrade(db.engine) is None  # an empty database
+    assert not migrate.is_current(db.engine)  # an empty database
+    assert migrate.upgrade(db.engine) is None
     assert differences(db) == []
     with db.engine.connect() as connection:
         assert migrate.current_revision(connection) == migrate.head_revision()
+    # the start-up's check reads the version table against HEAD, without Alembic
+    assert migrate.HEAD == migrate.head_revision() and migrate.is_current(db.engine)
+    assert migrate.upgrade(db.engine) == migrate.HEAD
     with db.session() as session:  # replicas only ever UPDATE the counter
         assert session.get(Counter, store.RULES_COUNTER).value == 0
 
