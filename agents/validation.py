@@ -21,7 +21,11 @@ A learned rule drops lines, so a bad one hides what a person needs. Checks, in o
    examples and the evidence found in this job).
 9. `keeps_progress`: a rule that drops lines reporting a training loss (`rules.sniff`) reads
    that loss in a named group: a learned rule may change what is kept, never what the job's
-   loss curve and its spikes say.
+   loss curve and its spikes say. And a rule that reads the loss covers every line of the
+   segment that reports a loss at a step: once a rule reads a source's progress its kept
+   lines are no longer read (rules.progress), so a series split between two shapes (litgpt
+   marks every optimizer step's line with "(optimizer.step)") would lose the other shape's
+   points, among them the last one before a spike.
 
 Matching uses the engine's own semantics: the launcher envelope in front, anchored at both
 ends, RE2 on the UTF-8 bytes (`FilterProgram.rules_matching`).
@@ -263,7 +267,8 @@ class Validator:
             self._none_match("no_evidence_lines", matches,
                              self._evidence + [e.encode("utf-8", "replace") for e in evidence],
                              "classifier evidence line"),
-            self._keeps_progress(program, [segment[i] for i in sorted(covers)]),
+            self._keeps_progress(program, [segment[i] for i in sorted(covers)],
+                                 [line for i, line in enumerate(segment) if i not in covers]),
         ):
             checks.append(check)
             if not check.ok:
@@ -342,9 +347,14 @@ class Validator:
         return Check(name, True)
 
     @staticmethod
-    def _keeps_progress(program: FilterProgram, covered: Sequence[str]) -> Check:
+    def _keeps_progress(program: FilterProgram, covered: Sequence[str], uncovered: Sequence[str] = ()) -> Check:
         extractor = program.extractors[0]
         if extractor is not None and "loss" in extractor.fields:
+            for line in uncovered:
+                found = loss_fields(line)
+                if found is not None and found[0] is not None:
+                    return Check("keeps_progress", False, f"reads the loss of only some of the lines that report "
+                                                          f"one at a step; not e.g. {line[:80]!r}")
             return Check("keeps_progress", True)
         for line in covered:
             if loss_fields(line) is not None:

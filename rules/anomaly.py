@@ -20,6 +20,10 @@ SHORT_BASELINE = 2
 """A pasted excerpt shows a few steps before the jump: from 2 points on, a jump must be
 SHORT_JUMP_RATIO high to count (BLOOM tr8's 3.1 -> 7.7 after two iterations)."""
 SHORT_JUMP_RATIO = 2.0
+SINGLE_JUMP_RATIO = 3.0
+"""An excerpt that begins one step before the jump (litgpt: 1.70, then 11.5 for the rest of
+the paste): one point is a baseline only for a jump to three times it, and only when it is
+a real loss (above 0: a first logged loss of 0.0 is an accumulation artefact)."""
 JUMP_RATIO = 1.5
 JUMP_ABSOLUTE = 0.5
 NAN_GRAD_POINTS = 3
@@ -70,13 +74,14 @@ class LossSpikeDetector:
         return next((s for s in self.spikes if not s.recovered), None)
 
     def _baseline(self) -> float | None:
-        if len(self._window) < SHORT_BASELINE:
+        if not self._window or (len(self._window) < SHORT_BASELINE and self._window[0] <= 0):
             return None
         ordered = sorted(self._window)
         return ordered[len(ordered) // 2]
 
     def _threshold(self, baseline: float) -> float:
-        ratio = JUMP_RATIO if len(self._window) >= MIN_BASELINE else SHORT_JUMP_RATIO
+        size = len(self._window)
+        ratio = JUMP_RATIO if size >= MIN_BASELINE else SHORT_JUMP_RATIO if size >= SHORT_BASELINE else SINGLE_JUMP_RATIO
         return max(baseline * ratio, baseline + JUMP_ABSOLUTE)
 
     def observe(self, lines: Sequence[int], steps: Sequence[float], losses: Sequence[float | None],
@@ -96,7 +101,7 @@ class LossSpikeDetector:
         threshold = None if baseline is None else self._threshold(baseline)
         if threshold is None:
             # no baseline yet: calm only while this batch cannot complete one either
-            below = len(self._window) + len(finite) <= SHORT_BASELINE
+            below = len(self._window) + len(finite) <= 1
         else:
             below = not finite or max(finite) <= threshold
         calm = self._candidate is None and len(finite) == len(present) and below
@@ -171,9 +176,18 @@ class LossSpikeDetector:
     def finish(self) -> None:
         """At the end of the log: a jump still up after a few points counts as diverged, and
         so does a jump to SHORT_JUMP_RATIO times the baseline that the log ends on (a pasted
-        excerpt stops where the trouble is)."""
+        excerpt stops where the trouble is); so does a gradient norm that is NaN/inf on the
+        last points that report one, fewer than NAN_GRAD_POINTS of them (the step where an
+        ms-swift run's accuracy fell from 0.64 to 0.26 and the poster stopped)."""
+        if self.failed is not None:
+            return
+        if self._bad_grads:
+            first, first_step, text = self._bad_grads[0]
+            self.spikes.append(Spike("nan", first, text,
+                                     None if math.isnan(first_step) else int(first_step), self._baseline(), None))
+            return
         cand = self._candidate
-        if cand is None or self.failed is not None:
+        if cand is None:
             return
         if cand.points >= END_SUSTAIN_POINTS or cand.peak >= cand.baseline * SHORT_JUMP_RATIO:
             self._confirm()

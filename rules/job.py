@@ -23,7 +23,8 @@ from rules.model import FilterRule, KeptLine, Tier
 from rules.progress import ProgressTracker
 from rules.timestamps import TimestampReader
 from rules.verdict import Diagnosis, Facts, RootCauseView, decide, from_hang, needs_agent
-from rules.redact import Redactor
+from rules.interrupt import find_interrupt
+from rules.redact import Redactor, redact_text
 from rules.rulebook import Rulebook
 
 HANG_FLOOR_S = 30 * 60
@@ -218,6 +219,8 @@ class JobRun:
         """The same for SIGBUS."""
         self._box_root_at: dict[str, int] = {}
         """Per source, the line of torchrun's "Root Cause (first observed failure)" header."""
+        self._interrupted: tuple[str, int, str] | None = None
+        """The last line before the first interrupt by hand (Ctrl+C): (text, number, source)."""
         self._own_exception = False
         """An exception of the job's own code was seen (not the launcher's report of it)."""
         """Per source: the first fatal-looking line after that source's latest progress line."""
@@ -292,6 +295,8 @@ class JobRun:
     def _feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:
         run = self.source(source)
         self.bytes_in += len(buffer) if raw_bytes is None else raw_bytes
+        if self._interrupted is None:
+            self._look_for_interrupt(run, buffer)
         raw = run.stream.feed(buffer)
         texts = run.redactor.redact_many([k.text for k in raw])
         kept = [k if k.text is t else KeptLine(k.line_number, t, k.error_like, source)
@@ -316,6 +321,23 @@ class JobRun:
             self._classify(line)
         self.compressed.add(kept)
         return kept
+
+    def _look_for_interrupt(self, run: SourceRun, buffer: bytes) -> None:
+        """Where someone pressed Ctrl+C: the line before it is where the job sat (see
+        rules.interrupt). Looked for in the raw buffer, before the filter: the line it
+        stopped on is often routine output that a filter rule drops."""
+        found = find_interrupt(buffer)
+        if found is None:
+            return
+        before, index = found
+        if before is None:  # the interrupt opens the buffer: the line before ended the last one
+            last = next((t for t in reversed(run.tail) if t.strip()), None)
+            if last is None:
+                return
+            self._interrupted = (last, run.stream.lines_in, run.name)
+            return
+        text = redact_text(before.decode("utf-8", "replace"))
+        self._interrupted = (text, run.stream.lines_in + index + 1, run.name)
 
     def _remember_tail(self, run: SourceRun, buffer: bytes) -> None:
         start = len(buffer) - 1
@@ -446,6 +468,7 @@ class JobRun:
         run.__dict__.setdefault("_frame_before", {})
         run.__dict__.setdefault("_bus_error", None)
         run.__dict__.setdefault("_box_root_at", {})
+        run.__dict__.setdefault("_interrupted", None)
         run.rulebook, run.log_agent, run.failure_agent = rulebook, log_agent, failure_agent
         run._batch, run._flagged = set(), set()
         program = rulebook.filter_program(run.meta.framework, run.meta.name, family=run.meta.family)
@@ -504,6 +527,7 @@ class JobRun:
             bus_error_line=None if self._own_exception else self._bus_error,
             completed=self.completed(), progress=self.progress_summary(),
             stopped=self._last_line if ended else lambda: None,
+            interrupted=self._interrupted,
             last_error_like=self._last_error_like if ended else None,
             compression=self.compression_summary(), filtered=self.filtered_summary()))
 

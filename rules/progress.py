@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from rules.anomaly import LossSpikeDetector
 from rules.model import ProgressPoint
-from rules.sniff import loss_fields
+from rules.sniff import grad_norm_field, loss_fields
 
 LineText = Callable[[int], str]
 
@@ -55,6 +55,10 @@ class Checkpoint:
     step: int
     line_number: int
     source: str = ""
+
+
+def _non_finite(raw: str | None) -> bool:
+    return raw is not None and raw.lstrip("+-")[:3].lower() in ("nan", "inf")
 
 
 def _maybe(value: float) -> float | None:
@@ -116,16 +120,19 @@ class ProgressTracker:
 
     def observe_kept(self, line_number: int, text: str) -> None:
         """A kept line that may report a loss in a format no filter rule reads. Read only
-        while no filter rule has read this source's progress: a pack's own fields are better,
-        and another kind of loss in its kept lines would only mix series."""
-        if self.points_seen > self._sniffed:
-            return
+        while no filter rule has read this source's progress (a pack's own fields are better,
+        and another kind of loss in its kept lines would only mix series), except for a NaN
+        or inf: a rule, learned or built in, that reads a metric line's numbers does not match
+        the same line with `nan` in their place, and that line is the one that matters."""
         found = loss_fields(text)
         if found is None:
             return
         step, loss = found
-        fields = ("step", "loss") if step is not None else ("loss",)
-        columns = [[step.encode()], [loss.encode()]] if step is not None else [[loss.encode()]]
+        read = {"step": step, "loss": loss, "grad_norm": grad_norm_field(text)}
+        if self.points_seen > self._sniffed and not (_non_finite(loss) or _non_finite(read["grad_norm"])):
+            return
+        fields = tuple(name for name, value in read.items() if value is not None)
+        columns = [[read[name].encode()] for name in fields]
         self._sniffed += 1
         self.observe(fields, [line_number], columns, lambda _n: text)
 

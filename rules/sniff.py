@@ -6,7 +6,10 @@ Trainers without a pack print their loss the same few ways: `loss: L`, `loss=L`,
 `step:N - ... - train/loss:L` (verl/utils/tracking.py), MaxText `completed step: N, seconds:
 ..., loss: L` (MaxText/metric_logger.py), nanoGPT `iter N: loss L, time ...` (train.py).
 Validation losses (`val_loss`, `eval/loss`) are not read: in one series with the training
-loss they would look like jumps. Once a filter rule reads a source's progress (a pack, or a
+loss they would look like jumps. `total_loss` is (detectron2's and DINOv2's metric printers
+sum their loss terms under that name). The gradient norm of a line that reports a loss is
+read too (`grad_norm`, `grad norm`, `GradNorm`, `gnorm`): HF Trainer dicts and JSON lines
+show a diverged run as `'grad_norm': nan` next to a finite, even 0.0, loss. Once a filter rule reads a source's progress (a pack, or a
 template the Log Agent learned with its fields named), its kept lines are no longer sniffed.
 """
 
@@ -17,8 +20,11 @@ from rules.linear import compile_linear
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff])"
 LOSS_LINE = compile_linear(
     r"(?:\b(?:step|iter|iteration)['\"]?(?:: ?|=| )(?P<step>\d+)\b.*?)?"
-    r"(?:^|[ \t{,|'\"(]|train[/_])[Ll]oss['\"]?(?:[:=] ?| )['\"]?(?P<loss>" + _NUMBER + r")(?:[^\w.]|$)")
+    r"(?:^|[ \t{,|'\"(]|train[/_]|total_)[Ll]oss['\"]?(?:[:=] ?| )['\"]?(?P<loss>" + _NUMBER + r")(?:[^\w.]|$)")
 """Searched, in RE2 (linear time whatever a line holds)."""
+GRAD_NORM = compile_linear(
+    r"(?:^|[ \t{,|'\"(]|train/)(?:[Gg]rad[_ ]?[Nn]orm|gnorm)['\"]?(?:[:=] ?| )['\"]?(?P<grad>" + _NUMBER + r")(?:[^\w.]|$)")
+"""Not `max_grad_norm` or `clip_grad_norm` (settings, not readings): no `_` before it."""
 
 
 def loss_fields(text: str) -> tuple[str | None, str] | None:
@@ -29,3 +35,9 @@ def loss_fields(text: str) -> tuple[str | None, str] | None:
     if m is None:
         return None
     return m.group("step"), m.group("loss")
+
+
+def grad_norm_field(text: str) -> str | None:
+    """The gradient norm as printed, on a line that loss_fields reads."""
+    m = GRAD_NORM.search(text)
+    return None if m is None else m.group("grad")

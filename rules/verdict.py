@@ -217,6 +217,8 @@ class Facts:
     """For a log that has ended: its last error-like line, when no rule knew one."""
     bus_error_line: KeptLine | None = None
     """A process was killed with SIGBUS and the job's own code raised nothing."""
+    interrupted: tuple[str, int, str] | None = None
+    """The last line before someone pressed Ctrl+C (rules.interrupt): (text, number, source)."""
     progress: dict[str, Any] = field(default_factory=dict)
     compression: dict[str, Any] = field(default_factory=dict)
     filtered: list[dict[str, Any]] = field(default_factory=list)
@@ -253,6 +255,10 @@ def decide(facts: Facts) -> Diagnosis:
                                        "count": root.count, "rule": root.rule.id, "file": ev.source},
                                       *diagnosis.other_errors]
             return diagnosis
+    if facts.interrupted is not None and spike is None and not facts.progress.get("points") and (
+            root is None or root.rule.reason == "job_cancelled"):
+        # interrupted by hand before any training step, with no error of its own: it sat still
+        return _interrupted(diagnosis, facts.interrupted, root)
     if root is not None:
         node = facts.node_of(root.evidence)
         if node is not None and root.evidence.node is None:
@@ -308,6 +314,25 @@ def decide(facts: Facts) -> Diagnosis:
                                     "alive and prints nothing more, it hangs at this point: dump the stacks of its ranks "
                                     "(py-spy dump --pid) to see which collective or load waits, then restart from the "
                                     "last checkpoint.")
+    return diagnosis
+
+
+def _interrupted(diagnosis: Diagnosis, before: tuple[str, int, str], root: RootCause | None) -> Diagnosis:
+    """A stall that a person ended with Ctrl+C: the line before the interrupt is where."""
+    line, line_number, source = before
+    view, _ = from_hang(line, line_number, source, None, since="output")
+    diagnosis.status, diagnosis.action = JobStatus.STALLED.value, Action.INVESTIGATE.value
+    diagnosis.root_cause = replace(view, confidence=0.5)
+    diagnosis.mitigation = ("The job was interrupted by hand (Ctrl+C) after this line, before any training step, with "
+                            "no error: it sat still here. The interrupt's traceback, if printed, shows the call it "
+                            "waited in (a collective, a data or model load, a kernel build that waits on a stale lock: "
+                            "delete the build directory); otherwise dump the stacks of its ranks (py-spy dump --pid) "
+                            "while it waits, then restart.")
+    if root is not None:
+        ev = root.evidence
+        diagnosis.other_errors = [{"reason": root.rule.reason, "line": ev.line, "line_number": ev.line_number,
+                                   "count": root.count, "rule": root.rule.id, "file": ev.source},
+                                  *diagnosis.other_errors]
     return diagnosis
 
 

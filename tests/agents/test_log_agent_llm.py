@@ -128,17 +128,21 @@ def test_an_unavailable_llm_falls_back_to_the_embedded_miner(scripted_llm, ruleb
 
 
 def test_a_tie_is_broken_by_a_judge_call(scripted_llm, rulebook) -> None:
-    narrow = GOOD.replace(r"step (?P<step>\d+)", r"step (?P<step>[1-6])")
-    scripted_llm.add(reply(rule(GOOD, covers=range(12)), rule(narrow, covers=range(6))))
-    scripted_llm.add(reply(rule(GOOD, covers=range(12)), rule(narrow, covers=range(6))))
+    # heartbeat lines, not a loss series: a rule that reads only part of a loss series is
+    # refused before any vote (agents/validation.py, keeps_progress)
+    beats = [f"[helix 10:00:{i:02d}.{i:03d} trn-a1/r00] hb mem={60 + i}.0G util=95%" for i in range(1, 13)]
+    wide = r"\[helix \d\d:\d\d:\d\d\.\d+ [\w.-]+/r\d+\] hb mem=\d+\.\dG util=\d+%"
+    narrow = wide.replace(r"\d\d:\d\d:\d\d\.", r"\d\d:\d\d:0\d\.")  # seconds 01-09
+    scripted_llm.add(reply(rule(wide, covers=range(12)), rule(narrow, covers=range(9))))
+    scripted_llm.add(reply(rule(wide, covers=range(12)), rule(narrow, covers=range(9))))
     scripted_llm.add(reply())
     scripted_llm.add('{"choice": 1}')
     sink = MemorySink()
     run = run_with_llm(scripted_llm.url, rulebook, sink)
-    feed(run, LINES)
+    feed(run, beats)
     assert [r.pattern for r in run.learned] == [narrow]
     judge = scripted_llm.requests[3]["messages"][1]["content"]
-    assert "0: " + GOOD in judge and "1: " + narrow in judge
+    assert "0: " + wide in judge and "1: " + narrow in judge
     assert sink.rules[run.learned[0].id][2]["tie_break"] == "judge"
     scripted_llm.assert_complete()
 

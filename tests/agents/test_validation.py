@@ -53,6 +53,22 @@ def test_each_check_rejects(validator: Validator, pattern: str, check: str) -> N
     assert result.failed == [check], result.to_dict()
 
 
+def test_a_rule_that_reads_only_part_of_a_loss_series_is_rejected(validator: Validator) -> None:
+    # litgpt: the line of each optimizer step says so; a rule for the other lines alone would
+    # leave those unread once it reads the source's progress
+    segment = [f"iter {1151 + i} step {144 + i // 8}: loss {1.7 + i / 100:.4f}, iter time: 1106.53ms"
+               + (" (optimizer.step)" if i % 8 == 0 else "") for i in range(17)]
+    pattern = r"iter +(?P<step>\d+) +step +\d+: +loss +(?P<loss>\d+(?:\.\d+)?), +iter +time: +\d+(?:\.\d+)?ms"
+    claims = [i for i in range(17) if i % 8]
+    assert validator.validate(pattern, segment=segment, claims=claims).failed == ["keeps_progress"]
+    whole = pattern + r"(?: +\(optimizer\.step\))?"
+    assert validator.validate(whole, segment=segment, claims=range(17)).ok
+    # a loss line with no step (a run's closing summary) is not part of the series
+    summary = "{'train_runtime': 1200.5, 'train_loss': 1.93}"
+    result = validator.validate(whole, segment=[*segment, summary], claims=range(17))
+    assert result.ok, result.to_dict()
+
+
 def test_claims_outside_the_segment_are_rejected(validator: Validator) -> None:
     result = validator.validate(GOOD, segment=SEGMENT, claims=[0, 1, 99])
     assert result.failed == ["claims"]

@@ -37,3 +37,40 @@ def test_kept_lines_are_read_only_until_a_filter_rule_reads_progress() -> None:
     tracker.observe(("step", "loss"), [2], [[b"2"], [b"2.4"]])  # a pack's (or learned) rule
     tracker.observe_kept(3, "iter 3: loss 9.9, time 1ms")
     assert tracker.last_step == 2 and tracker.last_loss == 2.4
+
+
+def test_a_total_loss_is_a_training_loss() -> None:
+    # detectron2's and DINOv2's metric printers
+    assert loss_fields("iter: 19  total_loss: 2.401  loss_cls: 0.9  lr: 0.0001") == ("19", "2.401")
+    assert loss_fields("Training  [     40/5000000]  total_loss: inf (inf)  koleo_loss: inf (inf)") == (None, "inf")
+    assert loss_fields("dino_local_crops_loss: 10.5020 (10.5017)") is None
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    ("{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': 0.1}", "nan"),
+    ('{"loss": 2.23302879, "acc": 0.26443233, "grad_norm": NaN, "learning_rate": 1.617e-05}', "NaN"),
+    ("Step   1560 | Loss: 0.5275 | LR: 3.00e-04 | GradNorm: 2.29 | TPS: 16.88K", "2.29"),
+    ("step:2 - train/loss:0.5 - train/grad_norm:inf", "inf"),
+    ("{'loss': 1.2, 'max_grad_norm': 1.0}", None),
+    ("{'loss': 1.2, 'clip_grad_norm': 1.0}", None),
+])
+def test_the_gradient_norm_of_a_loss_line_is_read(line: str, want: str | None) -> None:
+    from rules.sniff import grad_norm_field
+
+    assert grad_norm_field(line) == want
+
+
+def _tracked(lines: list[str]) -> ProgressTracker:
+    tracker = ProgressTracker("a.log")
+    for number, line in enumerate(lines, 1):
+        tracker.observe_kept(number, line)
+    tracker.spikes.finish()
+    return tracker
+
+
+def test_a_log_that_ends_on_a_non_finite_gradient_norm_diverged() -> None:
+    healthy = ['{"loss": 1.435, "grad_norm": 3.48}', '{"loss": 1.394, "grad_norm": 4.17}']
+    spike = _tracked([*healthy, '{"loss": 2.233, "grad_norm": NaN}']).spikes.failed
+    assert spike is not None and spike.kind == "nan" and spike.line_number == 3
+    # one overflow step that the loss scaler skipped, and training went on: not a failure
+    assert _tracked([*healthy, '{"loss": 1.41, "grad_norm": inf}', '{"loss": 1.40, "grad_norm": 3.9}']).spikes.failed is None
