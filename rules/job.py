@@ -23,7 +23,7 @@ from rules.model import FilterRule, KeptLine, Tier
 from rules.progress import ProgressTracker
 from rules.timestamps import TimestampReader
 from rules.verdict import Diagnosis, Facts, RootCauseView, decide, from_hang, needs_agent
-from rules.interrupt import find_interrupt
+from rules.interrupt import is_interrupt, line_before
 from rules.redact import Redactor, redact_text
 from rules.rulebook import Rulebook
 
@@ -295,9 +295,10 @@ class JobRun:
     def _feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:
         run = self.source(source)
         self.bytes_in += len(buffer) if raw_bytes is None else raw_bytes
-        if self._interrupted is None:
-            self._look_for_interrupt(run, buffer)
+        first_line = run.stream.lines_in
         raw = run.stream.feed(buffer)
+        if self._interrupted is None:
+            self._look_for_interrupt(run, buffer, first_line, raw)
         texts = run.redactor.redact_many([k.text for k in raw])
         kept = [k if k.text is t else KeptLine(k.line_number, t, k.error_like, source)
                 for k, t in zip(raw, texts, strict=True)]
@@ -322,22 +323,22 @@ class JobRun:
         self.compressed.add(kept)
         return kept
 
-    def _look_for_interrupt(self, run: SourceRun, buffer: bytes) -> None:
-        """Where someone pressed Ctrl+C: the line before it is where the job sat (see
-        rules.interrupt). Looked for in the raw buffer, before the filter: the line it
-        stopped on is often routine output that a filter rule drops."""
-        found = find_interrupt(buffer)
-        if found is None:
+    def _look_for_interrupt(self, run: SourceRun, buffer: bytes, first_line: int, kept: list[KeptLine]) -> None:
+        """Where someone pressed Ctrl+C (rules.interrupt): the line before it is where the
+        job sat, read from the raw buffer (it is often routine output a filter rule drops)."""
+        mark = next((k for k in kept if k.error_like and is_interrupt(k.text)), None)
+        if mark is None:
             return
-        before, index = found
-        if before is None:  # the interrupt opens the buffer: the line before ended the last one
-            last = next((t for t in reversed(run.tail) if t.strip()), None)
-            if last is None:
+        found = line_before(buffer, mark.line_number - first_line - 1)
+        if found is not None:
+            text, index = found
+            self._interrupted = (redact_text(text.decode("utf-8", "replace")), first_line + index + 1, run.name)
+            return
+        # the interrupt opens the buffer: the line before it ended the previous one
+        for back, text in enumerate(reversed(run.tail)):
+            if text.strip():
+                self._interrupted = (text, first_line - back, run.name)
                 return
-            self._interrupted = (last, run.stream.lines_in, run.name)
-            return
-        text = redact_text(before.decode("utf-8", "replace"))
-        self._interrupted = (text, run.stream.lines_in + index + 1, run.name)
 
     def _remember_tail(self, run: SourceRun, buffer: bytes) -> None:
         start = len(buffer) - 1
