@@ -58,6 +58,8 @@ class Label:
     hard: bool = False
     split: str | None = None
     source: str | None = None
+    confirmed: bool | None = None
+    """The thread confirmed the cause (COLLECTING.md); None when the label does not say."""
 
 
 @dataclass
@@ -97,6 +99,10 @@ class Report:
     hard: int = 0
     origin_known: int = 0
     """Logs whose origin the thread settled (origin is scored on these)."""
+    confirmed: int = 0
+    """Logs whose thread confirmed the cause; `confirmed_figures` are the figures on these
+    alone (reason, origin, line; per answer), where a label is least open to doubt."""
+    confirmed_figures: dict[str, dict[str, float]] = field(default_factory=dict)
     silent: list[str] = field(default_factory=list)
     seconds_per_log: float = 0.0
     mistakes: list[dict[str, Any]] = field(default_factory=list)
@@ -138,7 +144,8 @@ def load_labels(folder: Path, split: str | None = None) -> list[Label]:
             continue
         labels.append(Label(file=item["file"], reason=item["reason"], category=item.get("category"),
                             origin=item["origin"], root_cause_line=item["root_cause_line"], status=status,
-                            hard=bool(item.get("hard")), split=item.get("split"), source=item.get("source")))
+                            hard=bool(item.get("hard")), split=item.get("split"), source=item.get("source"),
+                            confirmed=item.get("confirmed")))
     if not labels:
         raise BadInput(f"{path}: no labelled logs" + (f" in split {split!r}" if split else ""))
     return labels
@@ -180,6 +187,15 @@ def score(results: Sequence[Scored]) -> Report:
             "hard_reason": _share(ok["reason"] for ok in hard) if hard else 0.0,
             "silent": _share(getattr(r, name).line is None for r in results if r.label.reason is not None),
         }
+    sure = [r for r in results if r.label.confirmed]
+    report.confirmed = len(sure)
+    for name in ("ours", "first_error", "last_exception") if sure else ():
+        rights = [r.right(getattr(r, name)) for r in sure]
+        report.confirmed_figures[name] = {
+            "reason": _share(ok["reason"] for ok in rights),
+            "origin": _share(ok["origin"] for r, ok in zip(sure, rights, strict=True) if r.label.origin != "unknown"),
+            "line": _share(ok["line"] for ok in rights),
+        }
     predicted = Counter(r.ours.reason or (r.ours.status if r.label.reason is None else None) for r in results)
     for r in results:
         row = report.per_reason.setdefault(r.label.reason or r.label.status, {"logs": 0, "right": 0, "predicted": 0})
@@ -214,6 +230,11 @@ def render(report: Report) -> str:
     for key, title in (("reason", "reason right"), ("origin", "origin right"), ("line", "root-cause line found"),
                        ("hard_reason", "hard cases: reason right"), ("silent", "silent (no root cause)")):
         out.append(f"{title:26}{f['ours'][key]:>11.2f}{f['first_error'][key]:>13.2f}{f['last_exception'][key]:>16.2f}")
+    c = report.confirmed_figures
+    if c:
+        out += ["", f"the {report.confirmed} logs whose thread confirmed the cause:"]
+        for key, title in (("reason", "reason right"), ("origin", "origin right"), ("line", "root-cause line found")):
+            out.append(f"{title:26}{c['ours'][key]:>11.2f}{c['first_error'][key]:>13.2f}{c['last_exception'][key]:>16.2f}")
     out += ["", f"{'reason':24}{'logs':>6}{'right':>7}{'named':>7}"]
     for reason_id, row in sorted(report.per_reason.items(), key=lambda kv: (-kv[1]["logs"], kv[0])):
         out.append(f"{reason_id:24}{row['logs']:>6}{row['right']:>7}{row['predicted']:>7}")

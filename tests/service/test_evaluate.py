@@ -42,6 +42,18 @@ def test_score_counts_reason_origin_line_hard_and_silent() -> None:
     assert report.origin_known == 2 and report.hard == 1 and report.silent == ["b.log"]
     assert report.seconds_per_log == 2.0
     assert [m["file"] for m in report.mistakes] == ["b.log"]
+    assert report.confirmed == 0 and report.confirmed_figures == {}
+
+
+def test_the_logs_whose_thread_confirmed_the_cause_have_figures_of_their_own() -> None:
+    sure = Label("a.log", "ecc_error", "infrastructure", "infrastructure", "ECC error", confirmed=True)
+    unsure = Label("b.log", "key_error", "script", "user", "KeyError: 'x'", confirmed=False)
+    none = Guess(None, None, None)
+    report = score([Scored(sure, Guess("cuda_error", "infrastructure", "ECC error here", "failed"), none, none, 1.0),
+                    Scored(unsure, Guess("key_error", "user", "KeyError: 'x'", "failed"), none, none, 1.0)])
+    assert report.confirmed == 1
+    assert report.confirmed_figures["ours"] == {"reason": 0.0, "origin": 1.0, "line": 1.0}
+    assert report.figures["ours"]["reason"] == 0.5
 
 
 @pytest.mark.parametrize(("line", "message"), [
