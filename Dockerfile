@@ -9,7 +9,7 @@ COPY service ./service
 COPY agents ./agents
 COPY rules ./rules
 COPY prompts ./prompts
-RUN pip install .
+RUN pip install '.[server]'
 RUN useradd --create-home faultline
 USER faultline
 ENV FAULTLINE_DATA_DIR=/home/faultline/data

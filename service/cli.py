@@ -7,15 +7,20 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from rules.model import KeptLine
-from rules.verdict import Diagnosis
 from service.errors import ConfigError, FaultlineError
-from service.ingest.lines import reuse_freed_buffers
-from rules.job import JobMeta, JobRun
 from service.settings import Settings, load_settings
-from service.ingest.sources import ProgressLine, check_readable, feed_path
+
+if TYPE_CHECKING:
+    from rules.job import JobMeta, JobRun
+    from rules.model import KeptLine
+    from rules.verdict import Diagnosis
+    from service.ingest.sources import ProgressLine
+
+# The job core (rules/, service/ingest) is imported by the commands that run jobs: `faultline
+# tail` on a training node needs only httpx and the settings (`pip install faultline` without
+# the `server` extra), and --help need not load the rules.
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
@@ -172,6 +177,8 @@ def _context(settings: Settings, *, learn: bool = True):
 
 def _run_job(ctx, paths: Sequence[str], meta: JobMeta, *, on_kept=None, progress: ProgressLine | None = None,
              diagnose: bool = True, error_files: Sequence[tuple[str, bytes]] = ()) -> tuple[JobRun, Diagnosis]:
+    from service.ingest.sources import feed_path
+
     run = ctx.new_run(meta, diagnose=diagnose)
     for path in paths:
         feed_path(run, path, progress=progress, on_kept=on_kept)
@@ -217,6 +224,10 @@ def cmd_diagnose(args: argparse.Namespace, out: TextIO) -> int:
         raise _usage("--each needs --json (one JSON object per line)")
     if args.each and args.error_files:
         raise _usage("--error-file belongs to one job: it cannot go with --each")
+    from rules.job import JobMeta
+    from service.ingest.lines import reuse_freed_buffers
+    from service.ingest.sources import ProgressLine, check_readable
+
     if not args.each:
         check_readable(args.paths)  # with --each, each file is checked in its turn
     from service.ingest.error_files import error_file_text, expand
@@ -248,6 +259,10 @@ def cmd_diagnose(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_compress(args: argparse.Namespace, out: TextIO) -> int:
+    from rules.job import JobMeta
+    from service.ingest.lines import reuse_freed_buffers
+    from service.ingest.sources import ProgressLine, check_readable
+
     check_readable([args.path])
     reuse_freed_buffers()
     settings = load_settings()
@@ -483,6 +498,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK
+    except ModuleNotFoundError as exc:
+        # `pip install faultline` is the sidecar alone; the rest is the `server` extra
+        sys.stderr.write(f"faultline: error: `faultline {args.command}` needs the package {exc.name!r}, "
+                         "which the sidecar-only install leaves out: pip install 'faultline[server]'\n")
+        return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("faultline: interrupted\n")
         return 130
