@@ -103,6 +103,11 @@ class Settings(BaseSettings):
     webhook_backoff_s: float = Field(default=2.0, gt=0.0)
     """First retry delay; it doubles with each attempt (capped at webhook_backoff_max_s)."""
     webhook_backoff_max_s: float = Field(default=600.0, gt=0.0)
+    slack_webhook_url: SecretStr = SecretStr("")
+    """A Slack-compatible incoming webhook (Mattermost, Rocket.Chat) for a message people read,
+    beside or instead of the signed webhook; the URL holds its token, so it is a secret."""
+    public_url: str = ""
+    """The service's address as people reach it: chat messages link to the job's page there."""
 
     server_url: str = ""
     """The service `faultline tail` sends to when no --server is given."""
@@ -129,7 +134,7 @@ class Settings(BaseSettings):
                                    file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, _ConfigFileSource(settings_cls), file_secret_settings
 
-    @field_validator("llm_base_url", "webhook_url", "server_url")
+    @field_validator("llm_base_url", "webhook_url", "server_url", "public_url")
     @classmethod
     def _check_url(cls, value: str, info: Any) -> str:
         if value and not value.startswith(("http://", "https://")):
@@ -142,6 +147,9 @@ class Settings(BaseSettings):
             self.database_url = default_database_url(self.data_dir)
         if self.llm_base_url and not self.llm_model:
             raise ValueError("FAULTLINE_LLM_MODEL must be set when FAULTLINE_LLM_BASE_URL is")
+        slack = self.slack_webhook_url.get_secret_value()
+        if slack and not slack.startswith(("http://", "https://")):
+            raise ValueError("FAULTLINE_SLACK_WEBHOOK_URL must be an http(s) URL")
         if self.webhook_url and not self.webhook_secret.get_secret_value():
             # an unsigned webhook lets anyone who can reach the hook drain nodes
             raise ValueError("FAULTLINE_WEBHOOK_SECRET must be set when FAULTLINE_WEBHOOK_URL is")

@@ -5,6 +5,9 @@ two can neither lose nor invent a notification, and replicas never send one twic
 delivery is claimed with a conditional update before it is sent. Failed deliveries are
 retried with exponential backoff up to FAULTLINE_WEBHOOK_MAX_ATTEMPTS.
 
+With FAULTLINE_SLACK_WEBHOOK_URL, each notification is also a chat message (service.live.slack),
+a delivery of its own in the outbox (payload `"target": "slack"`), retried on its own.
+
 The receiver checks `X-Faultline-Signature: sha256=<hex>`, the HMAC-SHA256 of the raw body
 keyed with FAULTLINE_WEBHOOK_SECRET (as GitHub signs its webhooks), and may use
 `X-Faultline-Delivery` to drop a repeat: a delivery whose answer was lost is sent again.
@@ -26,6 +29,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from rules.taxonomy import JobStatus
+from service.live import slack
 from service.store.db import Database
 from service.metrics import Metrics
 from service.store.models import Job, Notification, utcnow
@@ -91,7 +95,9 @@ class Outbox:
     (a null object, so callers have no `if webhook:` branches)."""
 
     def __init__(self, settings: Settings):
-        self.enabled = bool(settings.webhook_url)
+        self.targets = [target for target, url in (("webhook", settings.webhook_url),
+                                                    ("slack", settings.slack_webhook_url.get_secret_value())) if url]
+        self.enabled = bool(self.targets)
         self.wake = asyncio.Event()
         """Set after a commit that added notifications, so delivery does not wait for its tick."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -108,8 +114,10 @@ class Outbox:
         event = event_for(diagnosis)
         if not self.enabled or event is None:
             return False
-        session.add(Notification(job_id=job.id, event=event, payload=payload(job, diagnosis, event, final=final),
-                                 next_attempt_at=utcnow()))
+        body = payload(job, diagnosis, event, final=final)
+        for target in self.targets:
+            session.add(Notification(job_id=job.id, event=event, next_attempt_at=utcnow(),
+                                     payload=body if target == "webhook" else {**body, "target": target}))
         return True
 
 
@@ -170,13 +178,22 @@ class Deliverer:
 
     async def send(self, client: httpx.AsyncClient, nid: int, event: str, body: dict[str, Any]) -> str | None:
         """None when the receiver accepted (2xx), else what went wrong."""
-        raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
-        headers = {"Content-Type": "application/json", EVENT_HEADER: event, DELIVERY_HEADER: str(nid),
-                   SIGNATURE_HEADER: sign(self.secret, raw), "User-Agent": "faultline-webhook/1"}
+        if body.get("target") == "slack":
+            url = self.settings.slack_webhook_url.get_secret_value()
+            raw = json.dumps(slack.message(body, self.settings.public_url)).encode()
+            headers = {"Content-Type": "application/json", "User-Agent": "faultline-webhook/1"}
+        else:
+            url = self.settings.webhook_url
+            raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+            headers = {"Content-Type": "application/json", EVENT_HEADER: event, DELIVERY_HEADER: str(nid),
+                       SIGNATURE_HEADER: sign(self.secret, raw), "User-Agent": "faultline-webhook/1"}
+        if not url:
+            return "no URL configured for this target any more"
         try:
-            response = await client.post(self.settings.webhook_url, content=raw, headers=headers)
+            response = await client.post(url, content=raw, headers=headers)
         except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
+            # the Slack URL is its token: never in the stored error or the log line
+            return f"{type(exc).__name__}: {exc}".replace(url, f"<{body.get('target', 'webhook')} URL>")
         if 200 <= response.status_code < 300:
             return None
         return f"HTTP {response.status_code}"

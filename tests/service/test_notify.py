@@ -127,3 +127,25 @@ def test_delivery_gives_up_after_the_last_attempt(tmp_path: Path) -> None:
             row = session.get(Notification, 1)
             assert (row.status, row.attempts) == ("failed", 3) and row.last_error == "HTTP 500"
         db.close()
+
+
+def test_a_chat_message_says_what_to_do_and_a_log_line_cannot_mention_anyone(tmp_path: Path) -> None:
+    # a loopback stand-in for Slack's incoming webhook, beside the signed webhook
+    line = f"{ECC} <!channel> <https://evil.example|click> & more"
+    with WebhookReceiver(statuses=[500]) as chat, WebhookReceiver() as hook, running_server(Settings(
+            data_dir=tmp_path, admin_enabled=False, webhook_url=hook.url, webhook_secret=SECRET,
+            slack_webhook_url=chat.url, public_url="http://faultline.example:8080",
+            webhook_backoff_s=0.05, webhook_backoff_max_s=0.2)) as url:
+        job = LiveJob(url)
+        job.send(f"{NODE}-rank7.log", text([iteration(s, 2.3) for s in range(1, 51)]))
+        job.send(f"{NODE}-rank3.log", text([line]))
+        seen = chat.wait_for(lambda ds: any(d.status == 200 for d in ds))
+        signed = hook.wait_for(lambda ds: any(d.status == 200 for d in ds))
+    assert [d.status for d in seen] == [500, 200], "retried on its own"
+    assert [d.status for d in signed] == [200], "the signed webhook was sent once, not again with the chat's retry"
+    assert "X-Faultline-Signature" not in seen[-1].headers
+    message = seen[-1].json["text"]
+    assert message.startswith("*gpt-") and " failed: `ecc_error` (infrastructure)" in message
+    assert f"action: `cordon_and_restart` on {NODE}" in message
+    assert "&lt;!channel&gt;" in message and "<!channel>" not in message and "&lt;https://evil.example|click&gt;" in message
+    assert f"<http://faultline.example:8080/admin/job/{job.id}|job page>" in message
