@@ -1,31 +1,22 @@
-"""Compiled Hyperscan databases kept on disk, keyed by what they were compiled from.
+"""Compiled Hyperscan databases kept on disk (rules.disk_cache), keyed by what they were
+compiled from.
 
 Compiling the error guard's patterns took 0.23 s of every `faultline diagnose`, a third of
-its start-up on a short log, for a result that only changes when the patterns do. The
-serialized database is stored under the user's cache directory, named by a hash of the
-patterns, their flags, the Hyperscan version and the machine; anything wrong with a stored
-file (missing, cut short, from another build) means compiling again, never an error.
+its start-up on a short log, for a result that only changes when the patterns do. The key
+hashes the patterns, their flags, the Hyperscan version and the machine; anything wrong with
+a stored file (missing, cut short, from another build) means compiling again.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import hyperscan
 
-
-def cache_dir() -> Path:
-    """FAULTLINE_CACHE_DIR, else $XDG_CACHE_HOME/faultline, else ~/.cache/faultline."""
-    explicit = os.environ.get("FAULTLINE_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "faultline"
+from rules.disk_cache import cache_dir, store
 
 
 def _key(expressions: Sequence[bytes], flags: Sequence[int]) -> str:
@@ -52,17 +43,6 @@ def database(expressions: Sequence[bytes], flags: Sequence[int], *, where: Path 
     except (OSError, hyperscan.error):
         pass
     db = compile_database(expressions, flags)
-    _store(path, hyperscan.dumpb(db))
+    store(path, hyperscan.dumpb(db))
     return db
 
-
-def _store(path: Path, data: bytes) -> None:
-    """Write whole or not at all: a reader sees the old file or the new one, never half."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".hyperscan-")
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.replace(temporary, path)
-    except OSError:
-        pass  # a read-only home: compile each time, as before the cache

@@ -2,11 +2,19 @@
 
 Dropped lines are never stored, so only kept lines pass through here. A private key is a
 block of lines, so a Redactor keeps state per source.
+
+Two rule sets: ours below (shapes seen in training logs: DSN passwords, `--hf-token x`,
+`PGPASSWORD=`), and the maintained one of Yelp's detect-secrets (its regex plugins: cloud,
+chat, package-registry and payment tokens), read from the installed package so that its
+updates reach us. Its entropy plugins (a commit hash, a checkpoint's digest) and its public-IP
+plugin (the addresses that name a suspect node) are left out: they would mask what a
+diagnosis must show.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 import re
 
 import re2
@@ -83,6 +91,73 @@ def _line_superset(pattern: str) -> str:
     return "".join(out)
 
 
+_LEFT_OUT = frozenset({"HexHighEntropyString", "Base64HighEntropyString", "IPPublicDetector", "KeywordDetector",
+                       "PrivateKeyDetector"})
+"""detect-secrets plugins not used: entropy and public IPs (see above); keywords and private
+key blocks, which the rules here do with training logs' own shapes (and a block's lines)."""
+_DELIMITERS = " \t=:\"'"
+_MIN_SECRET_GROUP = 8
+
+
+def _mask_match(match: re.Match[str]) -> str:
+    """A detect-secrets match masked: its first group when that is the secret (AWS's 40
+    characters after `aws_secret = `), else the whole match without the delimiters some of its
+    patterns take in (Artifactory's `(?:\\s|=|:|"|^)`). A short first group is a token's
+    prefix (GitLab's `(glpat|gldt|...)`), not the secret."""
+    whole = match.group(0)
+    if match.re.groups and match.group(1) is not None and len(match.group(1)) >= _MIN_SECRET_GROUP:
+        start, end = match.start(1) - match.start(), match.end(1) - match.start()
+    else:
+        start = len(whole) - len(whole.lstrip(_DELIMITERS))
+        end = len(whole.rstrip(_DELIMITERS))
+    return whole[:start] + MASK + whole[end:] if end > start else whole
+
+
+def _from_detect_secrets() -> list[tuple[str, int]]:
+    """The regexes of detect-secrets' regex plugins, as (pattern, flags) of Python's re."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import detect_secrets.plugins as plugins
+    from detect_secrets.plugins.base import RegexBasedDetector
+
+    found: list[tuple[str, int]] = []
+    for module in sorted(m.name for m in pkgutil.iter_modules(plugins.__path__)):
+        loaded = importlib.import_module(f"{plugins.__name__}.{module}")
+        for name, cls in sorted(inspect.getmembers(loaded, inspect.isclass)):
+            if (issubclass(cls, RegexBasedDetector) and cls is not RegexBasedDetector
+                    and cls.__module__ == loaded.__name__ and name not in _LEFT_OUT):
+                found.extend((p.pattern, p.flags) for p in cls().denylist)
+    return found
+
+
+def _maintained_rules() -> list[re.Pattern[str]]:
+    """detect-secrets' patterns, from the cache for the installed version (importing the
+    package took 0.18 s of every start) or from the package itself."""
+    from importlib.metadata import version
+
+    from rules.disk_cache import cache_dir, store
+
+    path = cache_dir() / f"detect-secrets-{version('detect-secrets')}-{len(_LEFT_OUT)}.json"
+    try:
+        found = [(p, f) for p, f in json.loads(path.read_text(encoding="utf-8"))]
+    except (OSError, ValueError, TypeError):
+        found = _from_detect_secrets()
+        store(path, json.dumps(found).encode())
+    return [re.compile(pattern, flags & ~re.UNICODE) for pattern, flags in found]
+
+
+_MAINTAINED = _maintained_rules()
+
+
+def _re2_shape(pattern: re.Pattern[str]) -> str:
+    """A maintained pattern for the RE2 prefilter: its case flag kept, repetitions within RE2's
+    bound of 1,000 (GitLab's `{50,1024}`: a longer token still matches its first 1,000)."""
+    text = re.sub(r"\{(\d+),(\d{4,})\}", lambda m: "{%s,1000}" % m.group(1), pattern.pattern)
+    return f"(?i:{text})" if pattern.flags & re.IGNORECASE else text
+
+
 # A line is looked at by the rules above only when it may match one of them. Most lines match
 # none, and one RE2 pass (a DFA, linear) over a whole batch of lines settles it; a cruder
 # trigger of key words ("token", "://") sent every progress line reporting tokens/s and every
@@ -91,6 +166,7 @@ _SHAPES = [p.pattern for p, _ in _RULES[:-1]] + [
     # the last rule's value without its look-ahead: not only digits and dots (`consumed
     # tokens: 2015`, on every Megatron progress line), said as "holds another character"
     _SECRET_KEY + r"(\"[^\"]{4,200}\"|'[^']{4,200}'|[^\s,;}\"']*[^\s,;}\"'\d.][^\s,;}\"']*|\.{4,})"]
+_SHAPES += [_re2_shape(p) for p in _MAINTAINED]
 _MAY_MATCH = re2.compile("|".join(f"(?:{_line_superset(shape)})" for shape in _SHAPES))
 _KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 _KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
@@ -125,6 +201,9 @@ class Redactor:
         out = line
         for pattern, replacement in _RULES:
             out, n = pattern.subn(replacement, out)
+            self.redactions += n
+        for pattern in _MAINTAINED:
+            out, n = pattern.subn(_mask_match, out)
             self.redactions += n
         return out
 

@@ -130,3 +130,52 @@ def test_a_pgp_private_key_block_is_masked_whole() -> None:
 def test_a_tokenizers_special_token_text_is_left_as_it_is() -> None:
     line = "ValueError: Asking to pad but the tokenizer does not have a padding token. Please select a token to use as `pad_token`"
     assert redact_text(line) == line
+
+
+# Shapes of detect-secrets' regex plugins (its maintained rule set, read from the installed
+# package): one line each, with the secret made up in the plugin's own shape.
+MAINTAINED = [
+    ("SENDGRID_API_KEY=SG.abcdefghijklmnopqrstuv.abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG",
+     "SG.abcdefghijklmnopqrstuv.abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG"),
+    ("remote: use glpat-abcdefghijklmnopqrst12 to push", "abcdefghijklmnopqrst12"),
+    ("artifactory credentials: AKCp8abcdefghijklmn resolved", "AKCp8abcdefghijklmn"),
+    ("DefaultEndpointsProtocol=https;AccountName=ckpts;AccountKey=" + "a1B2" * 22 + ";EndpointSuffix=core.windows.net",
+     "a1B2" * 22),
+    ("telegram notifier: 123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1 started", "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1"),
+    ("mailchimp key 0123456789abcdef0123456789abcdef-us14", "0123456789abcdef0123456789abcdef-us14"),
+    ("twilio AC0123456789abcdef0123456789abcdef", "AC0123456789abcdef0123456789abcdef"),
+    ("//registry.npmjs.org/:_authToken=npm_abcdefghijklmnopqrstuvwxyz0123456789", "npm_abcdefghijklmnopqrstuvwxyz0123456789"),
+    ("square sq0csp-" + "abcdefghij" * 4 + "abc", "abcdefghij" * 4),
+]
+
+
+@pytest.mark.parametrize(("line", "secret"), MAINTAINED)
+def test_the_maintained_rule_sets_secrets_are_gone(line: str, secret: str) -> None:
+    out = Redactor().redact(line)
+    assert secret not in out and MASK in out, out
+    assert Redactor().redact_many(["step 1 loss 2.3", line, "step 2 loss 2.2"])[1] == out  # the prefilter sees it
+
+
+def test_the_maintained_rule_set_is_read_from_detect_secrets(tmp_path, monkeypatch) -> None:
+    from rules.redact import _MAINTAINED, _from_detect_secrets, _maintained_rules
+
+    monkeypatch.setenv("FAULTLINE_CACHE_DIR", str(tmp_path))
+    fresh = _maintained_rules()  # from the package, then kept
+    (kept,) = tmp_path.glob("detect-secrets-*.json")
+    assert _maintained_rules() == fresh == _MAINTAINED  # read back from the cache
+    unicode = __import__("re").UNICODE  # implied for str patterns
+    assert [(p.pattern, p.flags | unicode) for p in fresh] == [(p, f | unicode) for p, f in _from_detect_secrets()]
+    kept.write_text("[[")  # a broken cache entry: read from the package again
+    assert _maintained_rules() == fresh
+    assert len(_MAINTAINED) >= 30  # 37 regexes in detect-secrets 1.5, entropy/IP/keyword/key plugins left out
+    assert any("xox" in p.pattern for p in _MAINTAINED) and not any("PRIVATE KEY" in p.pattern for p in _MAINTAINED)
+
+
+@pytest.mark.parametrize("line", [
+    "NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.12.4.17<0>",  # addresses name suspect nodes
+    "checkpoint sha256 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 saved",
+    "commit 3e1f4b2a9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f",
+    "[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered",
+])
+def test_the_maintained_rule_set_leaves_routine_lines_alone(line: str) -> None:
+    assert redact_text(line) == line
