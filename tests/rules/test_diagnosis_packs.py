@@ -121,3 +121,15 @@ def test_a_script_error_on_rank_zero_beats_the_timeouts_it_causes() -> None:
     ]
     root, _ = _root(lines)
     assert (root.rule.reason, root.evidence.line_number, root.evidence.groups["key"]) == ("key_error", 4, "'rope_scaling'")
+
+
+def test_every_diagnosis_example_reaches_the_classifier() -> None:
+    """Only error-like lines go to the classifier (rules.job): a rule whose lines the guard
+    misses (Kubernetes' 'The node was low on resource: memory.') never fires on a real log."""
+    from rules.rulebook import Rulebook
+
+    book = Rulebook()
+    missed = [(rule.id, line) for rule in book.diagnosis_rules for example in rule.examples
+              for line in [example if isinstance(example, str) else example.line]
+              if not book.guard.is_error_like(line)]
+    assert missed == []
