@@ -250,10 +250,7 @@ def decide(facts: Facts) -> Diagnosis:
             # cancellation is how the hang ended, not why the job was lost
             diagnosis.status, diagnosis.action = JobStatus.FAILED.value, "restart"
             diagnosis.root_cause, diagnosis.mitigation = hang
-            ev = root.evidence
-            diagnosis.other_errors = [{"reason": root.rule.reason, "line": ev.line, "line_number": ev.line_number,
-                                       "count": root.count, "rule": root.rule.id, "file": ev.source},
-                                      *diagnosis.other_errors]
+            _also_seen(diagnosis, root)
             return diagnosis
     if facts.interrupted is not None and spike is None and not facts.progress.get("points") and (
             root is None or root.rule.reason == "job_cancelled"):
@@ -306,33 +303,38 @@ def decide(facts: Facts) -> Diagnosis:
             # With no error at all it stopped in its setup (the first collective after NCCL's
             # init, a data or model load, the first train step): how a hang that no watchdog
             # ended looks when its log is posted (each of the 5 dev-split logs that end so).
-            line, line_number, source = stopped
-            view, _ = from_hang(line, line_number, source, None, since="output")
-            diagnosis.status, diagnosis.action = JobStatus.STALLED.value, Action.INVESTIGATE.value
-            diagnosis.root_cause = replace(view, confidence=0.5)
-            diagnosis.mitigation = ("The log ends here, before any training step, with no error. If the job is still "
-                                    "alive and prints nothing more, it hangs at this point: dump the stacks of its ranks "
-                                    "(py-spy dump --pid) to see which collective or load waits, then restart from the "
-                                    "last checkpoint.")
+            _stalled_at(diagnosis, stopped, (
+                "The log ends here, before any training step, with no error. If the job is still alive and prints "
+                "nothing more, it hangs at this point: dump the stacks of its ranks (py-spy dump --pid) to see which "
+                "collective or load waits, then restart from the last checkpoint."))
     return diagnosis
+
+
+def _stalled_at(diagnosis: Diagnosis, at: tuple[str, int, str], mitigation: str) -> Diagnosis:
+    """Stalled at a line of the log's own output (before any training step), to investigate."""
+    line, line_number, source = at
+    view, _ = from_hang(line, line_number, source, None, since="output")
+    diagnosis.status, diagnosis.action = JobStatus.STALLED.value, Action.INVESTIGATE.value
+    diagnosis.root_cause, diagnosis.mitigation = replace(view, confidence=0.5), mitigation
+    return diagnosis
+
+
+def _also_seen(diagnosis: Diagnosis, root: RootCause) -> None:
+    """The rules' root cause, demoted to the first of the other errors."""
+    ev = root.evidence
+    diagnosis.other_errors = [{"reason": root.rule.reason, "line": ev.line, "line_number": ev.line_number,
+                               "count": root.count, "rule": root.rule.id, "file": ev.source}, *diagnosis.other_errors]
 
 
 def _interrupted(diagnosis: Diagnosis, before: tuple[str, int, str], root: RootCause | None) -> Diagnosis:
     """A stall that a person ended with Ctrl+C: the line before the interrupt is where."""
-    line, line_number, source = before
-    view, _ = from_hang(line, line_number, source, None, since="output")
-    diagnosis.status, diagnosis.action = JobStatus.STALLED.value, Action.INVESTIGATE.value
-    diagnosis.root_cause = replace(view, confidence=0.5)
-    diagnosis.mitigation = ("The job was interrupted by hand (Ctrl+C) after this line, before any training step, with "
-                            "no error: it sat still here. The interrupt's traceback, if printed, shows the call it "
-                            "waited in (a collective, a data or model load, a kernel build that waits on a stale lock: "
-                            "delete the build directory); otherwise dump the stacks of its ranks (py-spy dump --pid) "
-                            "while it waits, then restart.")
+    _stalled_at(diagnosis, before, (
+        "The job was interrupted by hand (Ctrl+C) after this line, before any training step, with no error: it sat "
+        "still here. The interrupt's traceback, if printed, shows the call it waited in (a collective, a data or "
+        "model load, a kernel build that waits on a stale lock: delete the build directory); otherwise dump the "
+        "stacks of its ranks (py-spy dump --pid) while it waits, then restart."))
     if root is not None:
-        ev = root.evidence
-        diagnosis.other_errors = [{"reason": root.rule.reason, "line": ev.line, "line_number": ev.line_number,
-                                   "count": root.count, "rule": root.rule.id, "file": ev.source},
-                                  *diagnosis.other_errors]
+        _also_seen(diagnosis, root)
     return diagnosis
 
 
