@@ -58,7 +58,8 @@ class Checkpoint:
 
 
 def _non_finite(raw: str | None) -> bool:
-    return raw is not None and raw.lstrip("+-")[:3].lower() in ("nan", "inf")
+    """A value printed as NaN or inf (sniffed values are numbers: rules.sniff._NUMBER)."""
+    return raw is not None and not math.isfinite(_number(raw))
 
 
 def _maybe(value: float) -> float | None:

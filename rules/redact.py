@@ -113,8 +113,8 @@ def _mask_match(match: re.Match[str]) -> str:
     return whole[:start] + MASK + whole[end:] if end > start else whole
 
 
-def _from_detect_secrets() -> list[tuple[str, int]]:
-    """The regexes of detect-secrets' regex plugins, as (pattern, flags) of Python's re."""
+def _from_detect_secrets() -> list[tuple[str, str, int]]:
+    """The regexes of detect-secrets' regex plugins: (plugin, pattern, flags of Python's re)."""
     import importlib
     import inspect
     import pkgutil
@@ -122,30 +122,29 @@ def _from_detect_secrets() -> list[tuple[str, int]]:
     import detect_secrets.plugins as plugins
     from detect_secrets.plugins.base import RegexBasedDetector
 
-    found: list[tuple[str, int]] = []
+    found: list[tuple[str, str, int]] = []
     for module in sorted(m.name for m in pkgutil.iter_modules(plugins.__path__)):
         loaded = importlib.import_module(f"{plugins.__name__}.{module}")
         for name, cls in sorted(inspect.getmembers(loaded, inspect.isclass)):
-            if (issubclass(cls, RegexBasedDetector) and cls is not RegexBasedDetector
-                    and cls.__module__ == loaded.__name__ and name not in _LEFT_OUT):
-                found.extend((p.pattern, p.flags) for p in cls().denylist)
+            if issubclass(cls, RegexBasedDetector) and cls is not RegexBasedDetector and cls.__module__ == loaded.__name__:
+                found.extend((name, p.pattern, p.flags) for p in cls().denylist)
     return found
 
 
 def _maintained_rules() -> list[re.Pattern[str]]:
-    """detect-secrets' patterns, from the cache for the installed version (importing the
-    package took 0.18 s of every start) or from the package itself."""
+    """detect-secrets' patterns but those _LEFT_OUT, from the cache for the installed version
+    (importing the package took 0.18 s of every start) or from the package itself."""
     from importlib.metadata import version
 
     from rules.disk_cache import cache_dir, store
 
-    path = cache_dir() / f"detect-secrets-{version('detect-secrets')}-{len(_LEFT_OUT)}.json"
+    path = cache_dir() / f"detect-secrets-{version('detect-secrets')}.json"
     try:
-        found = [(p, f) for p, f in json.loads(path.read_text(encoding="utf-8"))]
+        found = [(name, pattern, flags) for name, pattern, flags in json.loads(path.read_text(encoding="utf-8"))]
     except (OSError, ValueError, TypeError):
         found = _from_detect_secrets()
         store(path, json.dumps(found).encode())
-    return [re.compile(pattern, flags & ~re.UNICODE) for pattern, flags in found]
+    return [re.compile(pattern, flags & ~re.UNICODE) for name, pattern, flags in found if name not in _LEFT_OUT]
 
 
 _MAINTAINED = _maintained_rules()

@@ -9,8 +9,9 @@ Validation losses (`val_loss`, `eval/loss`) are not read: in one series with the
 loss they would look like jumps. `total_loss` is (detectron2's and DINOv2's metric printers
 sum their loss terms under that name). The gradient norm of a line that reports a loss is
 read too (`grad_norm`, `grad norm`, `GradNorm`, `gnorm`): HF Trainer dicts and JSON lines
-show a diverged run as `'grad_norm': nan` next to a finite, even 0.0, loss. Once a filter rule reads a source's progress (a pack, or a
-template the Log Agent learned with its fields named), its kept lines are no longer sniffed.
+show a diverged run as `'grad_norm': nan` next to a finite, even 0.0, loss. Once a filter
+rule reads a source's progress (a pack, or a template the Log Agent learned with its fields
+named), its kept lines are sniffed only for a NaN or inf (rules.progress.observe_kept).
 """
 
 from __future__ import annotations

@@ -176,26 +176,13 @@ def baselines(lines: Iterable[str]) -> tuple[Guess, Guess]:
 def score(results: Sequence[Scored]) -> Report:
     report = Report(logs=len(results), hard=sum(r.label.hard for r in results),
                     origin_known=sum(r.label.origin != "unknown" for r in results))
-    for name in ("ours", "first_error", "last_exception"):
-        rights = [r.right(getattr(r, name)) for r in results]
-        hard = [ok for r, ok in zip(results, rights, strict=True) if r.label.hard]
-        report.figures[name] = {
-            "reason": _share(ok["reason"] for ok in rights),
-            # a thread that never said whose fault it was cannot score an origin
-            "origin": _share(ok["origin"] for r, ok in zip(results, rights, strict=True) if r.label.origin != "unknown"),
-            "line": _share(ok["line"] for ok in rights),
-            "hard_reason": _share(ok["reason"] for ok in hard) if hard else 0.0,
-            "silent": _share(getattr(r, name).line is None for r in results if r.label.reason is not None),
-        }
     sure = [r for r in results if r.label.confirmed]
     report.confirmed = len(sure)
-    for name in ("ours", "first_error", "last_exception") if sure else ():
-        rights = [r.right(getattr(r, name)) for r in sure]
-        report.confirmed_figures[name] = {
-            "reason": _share(ok["reason"] for ok in rights),
-            "origin": _share(ok["origin"] for r, ok in zip(sure, rights, strict=True) if r.label.origin != "unknown"),
-            "line": _share(ok["line"] for ok in rights),
-        }
+    for name in ("ours", "first_error", "last_exception"):
+        report.figures[name] = _figures(results, name)
+        if sure:
+            report.confirmed_figures[name] = {k: v for k, v in _figures(sure, name).items()
+                                              if k in ("reason", "origin", "line")}
     predicted = Counter(r.ours.reason or (r.ours.status if r.label.reason is None else None) for r in results)
     for r in results:
         row = report.per_reason.setdefault(r.label.reason or r.label.status, {"logs": 0, "right": 0, "predicted": 0})
@@ -214,6 +201,21 @@ def score(results: Sequence[Scored]) -> Report:
         report.per_reason.setdefault(reason_id or "none", {"logs": 0, "right": 0, "predicted": 0})["predicted"] = count
     report.seconds_per_log = round(sum(r.seconds for r in results) / max(len(results), 1), 3)
     return report
+
+
+def _figures(results: Sequence[Scored], name: str) -> dict[str, float]:
+    """One answer's (`ours` or a baseline's) shares of right reasons, origins and lines, of
+    right reasons on the hard logs, and of silent logs."""
+    rights = [r.right(getattr(r, name)) for r in results]
+    hard = [ok for r, ok in zip(results, rights, strict=True) if r.label.hard]
+    return {
+        "reason": _share(ok["reason"] for ok in rights),
+        # a thread that never said whose fault it was cannot score an origin
+        "origin": _share(ok["origin"] for r, ok in zip(results, rights, strict=True) if r.label.origin != "unknown"),
+        "line": _share(ok["line"] for ok in rights),
+        "hard_reason": _share(ok["reason"] for ok in hard) if hard else 0.0,
+        "silent": _share(getattr(r, name).line is None for r in results if r.label.reason is not None),
+    }
 
 
 def _share(flags: Iterable[bool]) -> float:
