@@ -217,7 +217,7 @@ class FilterStream:
         self._blocks: OrderedDict[tuple, object] = OrderedDict()
         self._sampled_upto = [-1] * n
         """Per metric rule, the last sample interval read (-1: none; its first line is read)."""
-        self._pending: dict[int, tuple[int, bytes]] = {}
+        self._pending: dict[int, tuple[int, bytes, int, int, int, int]] = {}
         self._rows = _Rows()
         self._resume: dict[int, tuple] = {}
         """First rule of a period -> the period, for periods that consumed a block."""
@@ -377,9 +377,10 @@ class FilterStream:
         interval = (self.bytes_in + span.stop) // self.sample_bytes
         if interval == self._sampled_upto[k]:
             # not yet: remember the last line, read at the end of the buffer if still last
+            # (its text is cut only when read: most are replaced by a later run first)
             total = span.total
             index = _last_in_period(total - 1, lines_per, offset, n)
-            self._pending[k] = (first_line + index, _line_at(span.data, span.start, span.stop, index, total - 1 - index))
+            self._pending[k] = (first_line + index, span.data, span.start, span.stop, index, total - 1 - index)
             return
         samples = max(1, min(interval - self._sampled_upto[k], MAX_SAMPLES_PER_RUN))
         self._sampled_upto[k] = interval
@@ -422,7 +423,8 @@ class FilterStream:
 
     def _flush_pending(self) -> None:
         """Read the last metric line of each rule that sampling skipped: it is the newest."""
-        for k, (number, line) in sorted(self._pending.items()):
+        for k, (number, data, start, stop, index, from_end) in sorted(self._pending.items()):
+            line = _line_at(data, start, stop, index, from_end)
             extractor = self.program.extractors[k]
             numbers, columns = extractor.columns_of([line], [number])
             if numbers:
@@ -433,8 +435,11 @@ class FilterStream:
     def _try_block(self, history: list[tuple[int, int]], data: bytes, pos: int, end: int) -> int:
         """If the last runs repeat with a short period, consume as many periods as follow."""
         size = len(history)
+        last = history[-1]
         for p in range(2, min(MAX_BLOCK_PERIOD, size // 2) + 1):
-            if history[-p:] != history[-2 * p:-p]:
+            # the cheap test first: a format that interleaves at random (a data loader's
+            # line between step lines) repeats no period, and this runs after every run
+            if history[-1 - p] != last or history[-p:] != history[-2 * p:-p]:
                 continue
             period = tuple(history[-p:])
             lines_per = sum(n for _, n in period)
