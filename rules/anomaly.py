@@ -29,6 +29,16 @@ JUMP_ABSOLUTE = 0.5
 NAN_GRAD_POINTS = 3
 """Consecutive points with a NaN/inf gradient norm: one is an fp16 overflow step that the
 loss scaler skips; a run of them is divergence (the loss may stay finite, even 0.0)."""
+GRAD_BASELINE_POINTS = 32
+GRAD_MIN_BASELINE = 3
+GRAD_JUMP_RATIO = 10.0
+GRAD_EXPLODED = 1e5
+"""A finite gradient norm explodes when it reaches GRAD_JUMP_RATIO times the median of at
+least GRAD_MIN_BASELINE earlier ones, or GRAD_EXPLODED whatever came before (a pasted
+excerpt that starts in the trouble: a VLM fine-tune logging norms in the millions from its
+first line while the loss climbs; BLOOM-104B ran at 13k). Clipping hides it from the loss for
+a while. A log that ends on two or more exploded points is diverging; one that comes back
+under the limit recovered (a healthy run's spike: 0.3 -> 261 -> 0.3 in 20 iterations)."""
 RECOVERED_RATIO = 1.15
 SUSTAIN_POINTS = 50
 END_SUSTAIN_POINTS = 5
@@ -39,7 +49,7 @@ HEALTHY_LOSS_SCALE = 128.0
 @dataclass(frozen=True, slots=True)
 class Spike:
     kind: str
-    """`diverged`, `nan` or `loss_scale`."""
+    """`diverged`, `nan`, `loss_scale` or `grad_norm` (the gradient norm exploded)."""
     line_number: int
     line: str
     step: int | None
@@ -67,6 +77,11 @@ class LossSpikeDetector:
         self._max_scale = 0.0
         self._bad_grads: list[tuple[int, float, str]] = []
         """The current run of points with a non-finite gradient norm: (line, step, text)."""
+        self._grad_window: deque[float] = deque(maxlen=GRAD_BASELINE_POINTS)
+        self._exploded: tuple[int, float, str] | None = None
+        """The first point of the current run whose finite gradient norm exploded: (line, step, text)."""
+        self._exploded_points = 0
+        self._exploded_peak = 0.0
 
     @property
     def failed(self) -> Spike | None:
@@ -156,16 +171,37 @@ class LossSpikeDetector:
             i = next(i for i, s in enumerate(scales) if math.isfinite(s) and s <= COLLAPSED_LOSS_SCALE)
             self.spikes.append(Spike("loss_scale", lines[i], line_text(lines[i]), None, self._max_scale, scales[i]))
 
+    def _grad_limit(self) -> float:
+        """The finite gradient norm from which a point counts as exploded."""
+        if len(self._grad_window) < GRAD_MIN_BASELINE:
+            return GRAD_EXPLODED
+        ordered = sorted(self._grad_window)
+        return min(GRAD_EXPLODED, ordered[len(ordered) // 2] * GRAD_JUMP_RATIO)
+
     def _check_grads(self, lines: Sequence[int], steps: Sequence[float], grad_norms: Sequence[float | None],
                      line_text: Callable[[int], str]) -> None:
-        if not self._bad_grads and all(g is None or math.isfinite(g) for g in grad_norms):
+        present = [g for g in grad_norms if g is not None]
+        if (not self._bad_grads and self._exploded is None and all(math.isfinite(g) for g in present)
+                and (not present or max(present) < self._grad_limit())):
+            self._grad_window.extend(present[-GRAD_BASELINE_POINTS:])
             return  # the common case, one pass
         for line, step, norm in zip(lines, steps, grad_norms, strict=True):
             if norm is None:
                 continue  # this line gives no gradient norm
             if math.isfinite(norm):
                 self._bad_grads.clear()
+                if norm < self._grad_limit():
+                    self._exploded, self._exploded_points = None, 0  # back down: it recovered
+                    self._grad_window.append(norm)
+                    continue
+                if self._exploded is None:
+                    self._exploded, self._exploded_peak = (line, step, line_text(line)), norm
+                self._exploded_points += 1
+                self._exploded_peak = max(self._exploded_peak, norm)
                 continue
+            if self._exploded is not None:  # it exploded first, then went NaN/inf: the explosion is where it began
+                self._bad_grads = [self._exploded]
+                self._exploded, self._exploded_points = None, 0
             self._bad_grads.append((line, step, line_text(line)))
             if len(self._bad_grads) >= NAN_GRAD_POINTS:
                 first, first_step, text = self._bad_grads[0]
@@ -187,7 +223,14 @@ class LossSpikeDetector:
                                      None if math.isnan(first_step) else int(first_step), self._baseline(), None))
             return
         cand = self._candidate
-        if cand is None:
-            return
-        if cand.points >= END_SUSTAIN_POINTS or cand.peak >= cand.baseline * SHORT_JUMP_RATIO:
+        if cand is not None and (cand.points >= END_SUSTAIN_POINTS or cand.peak >= cand.baseline * SHORT_JUMP_RATIO):
             self._confirm()
+            return
+        if self._exploded is not None and self._exploded_points >= 2:
+            # the log ends on exploded norms (one alone may be a blip): clipping kept the loss
+            # finite, the run is diverging; a loss spike of its own, checked above, comes first
+            first, first_step, text = self._exploded
+            baseline = sorted(self._grad_window)[len(self._grad_window) // 2] if self._grad_window else None
+            self.spikes.append(Spike("grad_norm", first, text, None if math.isnan(first_step) else int(first_step),
+                                     baseline, self._exploded_peak))
+

@@ -131,10 +131,12 @@ def from_spike(spike: Spike, checkpoints: list[Checkpoint], source: str) -> tupl
         start = rollback_to.step + 1 if rollback_to else max(0, spike.step - 100)
         skip = [start, spike.step + 100]
     what = {"diverged": "the loss jumped and did not come back",
-            "nan": "the loss became NaN/inf", "loss_scale": "the fp16 loss scale collapsed"}[spike.kind]
+            "nan": "the loss became NaN/inf", "loss_scale": "the fp16 loss scale collapsed",
+            "grad_norm": "the gradient norm exploded"}[spike.kind]
     mitigation = (f"At step {spike.step if spike.step is not None else '?'} {what}"
                   + (f" (from about {spike.baseline:.3g} to {spike.peak:.3g})"
-                     if spike.kind == "diverged" and spike.baseline and spike.peak else "")
+                     if spike.kind in ("diverged", "grad_norm") and spike.baseline and spike.peak else
+                     f" (to {spike.peak:.3g})" if spike.kind == "grad_norm" and spike.peak else "")
                   + (f". Roll back to the checkpoint of step {rollback_to.step}" if rollback_to
                      else ". Roll back to the last checkpoint before the spike")
                   + (f" and skip the data of steps {skip[0]}-{skip[1]}" if skip else "")
@@ -142,7 +144,7 @@ def from_spike(spike: Spike, checkpoints: list[Checkpoint], source: str) -> tupl
     view = RootCauseView(
         reason="loss_spike", category=taxonomy.category.value if taxonomy.category else None,
         origin=Origin.TRAINING.value, line=spike.line, line_number=spike.line_number, file=source,
-        rank=None, node=None, confidence=0.8 if spike.kind == "diverged" else 0.9, source="progress",
+        rank=None, node=None, confidence=0.8 if spike.kind in ("diverged", "grad_norm") else 0.9, source="progress",
     )
     rollback = {"checkpoint_step": rollback_to.step if rollback_to else None,
                 "checkpoint_line": rollback_to.line_number if rollback_to else None,

@@ -61,6 +61,32 @@ def test_lines_without_a_gradient_norm_do_not_break_a_run() -> None:
     assert feed([2.0] * 5, grads).failed is not None
 
 
+def test_a_gradient_norm_that_explodes_and_stays_up_is_divergence_though_the_loss_stays_finite() -> None:
+    # a VLM fine-tune: the pre-clip norm goes from about 1 to millions while the loss creeps up
+    grads = [1.1, 0.9, 1.2, 1.0, 2.4e6, 3.1e6, 2.9e6, 3.5e6]
+    spike = feed([2.5, 2.5, 2.6, 2.5, 2.6, 2.7, 2.8, 3.3], grads).failed
+    assert spike is not None and spike.kind == "grad_norm" and spike.line_number == 5
+    assert spike.baseline is not None and spike.baseline < 2 and spike.peak >= 2.4e6
+
+
+def test_a_log_that_starts_with_absurd_gradient_norms_is_divergence() -> None:
+    spike = feed([2.55, 2.70, 2.67], [6.4e6, 2.9e6, 2.6e7]).failed
+    assert spike is not None and spike.kind == "grad_norm" and spike.line_number == 1
+
+
+def test_gradient_norms_that_start_high_and_fall_or_blip_once_are_healthy() -> None:
+    # early pretraining: large norms that fall; a later one-step blip that the next step undoes
+    grads = [900.0, 300.0, 80.0, 20.0, 8.0, 5.0, 4.0, 60.0, 4.5, 4.0, 3.9]
+    assert feed([7.0 - 0.1 * i for i in range(len(grads))], grads).failed is None
+    assert feed([3.0] * 4, [1.0, 1.1, 0.9, 40.0]).failed is None  # the excerpt ends on one blip
+
+
+def test_when_the_loss_jumps_too_its_own_spike_is_the_root_cause() -> None:
+    # BLOOM tr8 exp 11: grad norm 13k -> 262k at 11447, lm loss 3.11 -> 7.71 at 11448
+    spike = feed([3.06, 3.11, 7.71], [12952.0, 262623.0, 254699.0]).failed
+    assert spike is not None and spike.kind == "diverged" and spike.line_number == 3
+
+
 def test_a_format_no_pack_knows_is_read_for_its_loss(builtin_rulebook: Rulebook) -> None:
     """verl prints `step:N - ... - train/loss:L`, which no pack reads: the kept lines are
     sniffed for their loss (rules/sniff.py), so a loss gone NaN is a loss spike with its
