@@ -40,6 +40,12 @@ first line while the loss climbs; BLOOM-104B ran at 13k). Clipping hides it from
 a while. A log that ends on two or more exploded points is diverging; one that comes back
 under the limit recovered (a healthy run's spike: 0.3 -> 261 -> 0.3 in 20 iterations)."""
 RECOVERED_RATIO = 1.15
+NAN_AFTER_SPIKE_POINTS = 5
+NAN_AFTER_SPIKE_RATIO = 10.0
+"""A NaN/inf loss this few points after a jump to ten times the baseline that came back began
+with that jump (a Gemma SFT: loss 5.3 -> 153,318 with a NaN gradient norm, 5.75 next, then NaN
+losses on and off). A smaller jump is the noise of per-micro-batch losses (litgpt: 1.3, 3.7,
+1.1, then NaN after the first optimizer step): the NaN is its own start."""
 SUSTAIN_POINTS = 50
 END_SUSTAIN_POINTS = 5
 COLLAPSED_LOSS_SCALE = 1.0
@@ -72,6 +78,9 @@ class LossSpikeDetector:
     def __init__(self) -> None:
         self._window: deque[float] = deque(maxlen=BASELINE_POINTS)
         self._candidate: _Candidate | None = None
+        self._points = 0
+        """Loss points seen so far (for how recent the last recovered jump is)."""
+        self._recovered_at = -NAN_AFTER_SPIKE_POINTS - 1
         self.spikes: list[Spike] = []
         self.recovered: list[Spike] = []
         self._max_scale = 0.0
@@ -122,6 +131,7 @@ class LossSpikeDetector:
         calm = self._candidate is None and len(finite) == len(present) and below
         if calm:
             self._window.extend(finite[-BASELINE_POINTS:])
+            self._points += len(finite)
             return
         for line, step, loss in zip(lines, steps, losses, strict=True):
             self._point(line, step, loss, line_text)
@@ -131,12 +141,19 @@ class LossSpikeDetector:
     def _point(self, line: int, step: float, loss: float | None, line_text: Callable[[int], str]) -> None:
         if loss is None:
             return
+        self._points += 1
         step_id = None if math.isnan(step) else int(step)
         cand = self._candidate
         if not math.isfinite(loss):
             if cand is not None:  # it jumped first, then went NaN: the jump is where it began
                 self.spikes.append(Spike("nan", cand.line_number, cand.line, cand.step, cand.baseline, cand.peak))
                 self._candidate = None
+                return
+            jump = self.recovered[-1] if self.recovered else None
+            if (jump is not None and self._points - self._recovered_at <= NAN_AFTER_SPIKE_POINTS
+                    and jump.baseline and (jump.peak or 0) >= jump.baseline * NAN_AFTER_SPIKE_RATIO):
+                # so did a jump far above the baseline that came back just before
+                self.spikes.append(Spike("nan", jump.line_number, jump.line, jump.step, jump.baseline, jump.peak))
                 return
             self.spikes.append(Spike("nan", line, line_text(line), step_id, self._baseline(), None))
             return
@@ -146,6 +163,7 @@ class LossSpikeDetector:
             if loss <= cand.baseline * RECOVERED_RATIO:
                 self.recovered.append(Spike("diverged", cand.line_number, cand.line, cand.step,
                                             cand.baseline, cand.peak, recovered=True))
+                self._recovered_at = self._points
                 self._candidate = None
             elif cand.points >= SUSTAIN_POINTS:
                 self._confirm()

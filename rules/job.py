@@ -63,19 +63,24 @@ _FATAL = re.compile(
 Such a line after the last progress of its file means the job failed, even when no rule
 knows its words (DESIGN: never silent)."""
 _SIGKILL = re.compile(r"\bexitcode\s*:\s*-9\b|\(exitcode: -9\)|Signal 9 \(SIGKILL\)|\bSIGKILL\b"
-                      r"|\bexit(?:ed with)? (?:exit )?(?:code|status)\W{0,2}137\b|^\W*Killed\s*$")
+                      r"|\bexit(?:ed with)? (?:exit )?(?:code|status)\W{0,2}137\b|^\W*Killed\s*$"
+                      r"|\bexits with return code = -9\b|\bexited on signal 9\b")
 """A process killed with signal 9 (exit -9, or 137 from a shell): nothing inside it could
-say why, because SIGKILL cannot be caught."""
+say why, because SIGKILL cannot be caught. DeepSpeed's launcher says `... exits with return
+code = -9` (launcher/launch.py), Open MPI's `mpirun` `... exited on signal 9 (Killed)`."""
 _SIGBUS = re.compile(r"\bexitcode\s*:\s*-7\b|\(exitcode: -7\)|Signal 7 \(SIGBUS\)")
 """A process killed by SIGBUS (exit -7): in training, a write to shared memory (/dev/shm) that
 had run out, which no Python code sees coming (pytorch#5247)."""
 _BOX_ROOT = "Root Cause (first observed failure)"
 _LAUNCHER_EXCEPTION = re.compile(r"ChildFailedError|torch\.distributed\.elastic")
 """torchrun's own report that a worker failed: a consequence, not the worker's exception."""
+_NCCL_INFO = "NCCL INFO"
 _NOT_FATAL = re.compile(r"\b[A-Z]\w*Warning\b|^\W*(?:WARNING|WARN|W\d{4})\b|\[W\d{3,4} |(?<!NCCL )\bWARN(?:ING)?\b"
-                        r"|\bwarning\b|\b(?:no|0|zero) (?:errors?|failures?)\b|\b(?:error|fail)[\w.]*\s*[:=]\s*0\b")
+                        r"|\bwarning\b|\b(?:no|0|zero) (?:errors?|failures?)\b|\b(?:error|fail)[\w.]*\s*[:=]\s*0\b"
+                        r"|\b%s\b" % _NCCL_INFO)
 """Warnings, and counters of errors that are zero: lines that went on working. NCCL's own
-`NCCL WARN` lines are how it reports its errors, so they are not warnings here."""
+`NCCL WARN` lines are how it reports its errors, so they are not warnings here; its `NCCL
+INFO` lines never are errors (`comm ... - Abort COMPLETE` is each rank's teardown at exit)."""
 
 
 @dataclass(frozen=True)
@@ -373,10 +378,12 @@ class JobRun:
         self.classifier.feed(line)
         frame = _STACK_FRAME.search(line.text) is not None
         if (not frame and not self._frame_before.get(line.source, False)
-                and (line.source, line.line_number) not in self._forwarded):
+                and (line.source, line.line_number) not in self._forwarded and _NCCL_INFO not in line.text):
             # error-like by its own words: not a frame's source line (it follows the frame),
             # not a line the Log Agent forwarded, whose judgement depends on what it has
-            # learned before (the same log would end on another line the second time)
+            # learned before (the same log would end on another line the second time), not
+            # NCCL's INFO (its teardown says `Abort COMPLETE`); a retried timeout's warning is
+            # a lead (a storage client's read timeouts), so warnings stay
             self._last_error_like = line
         self._frame_before[line.source] = frame
         if _TRACEBACK in line.text:

@@ -428,8 +428,12 @@ def agent_may_replace(root: RootCauseView | None, rule_tier: Tier | None, line: 
     a generic error with a rival), not because it is wrong: it replaces that answer only with
     a line of a stronger tier than the rules' own line, and at least a recognised cause. A
     line the knowledge base only loosely recognises (generic) never overrides a rule.
+    A signal that killed the job with no exception of its own (`evidence:`) stands as a
+    cause-tier rule does: the launcher's report of that exit is not another failure.
     """
-    if root is None or root.reason == "unknown" or rule_id_of(root.source) is None:
+    if root is None or root.reason == "unknown":
+        return True
+    if rule_id_of(root.source) is None and not root.source.startswith("evidence:"):
         return True
     if line == root.line:
         return True

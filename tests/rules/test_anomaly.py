@@ -39,6 +39,16 @@ def test_a_jump_that_comes_back_is_not_a_failure() -> None:
     assert detector.failed is None and len(detector.recovered) == 1
 
 
+def test_a_nan_loss_soon_after_a_jump_that_came_back_began_with_that_jump() -> None:
+    spike = feed([5.63, 5.30, 153318.95, 5.75, 5.62, NAN, 5.10, NAN]).failed
+    assert spike is not None and spike.kind == "nan" and spike.line_number == 3
+    # after a smaller jump (per-micro-batch noise), or long after a big one, it is its own start
+    spike = feed([0.53, 1.55, 2.33, 1.14, 1.30, 3.67, 1.13, 1.12, NAN, NAN]).failed
+    assert spike is not None and spike.line_number == 9
+    spike = feed([5.63, 5.30, 153318.95] + [5.5] * 20 + [NAN]).failed
+    assert spike is not None and spike.line_number == 24
+
+
 def test_a_loss_still_up_after_a_few_points_at_the_end_is_a_spike() -> None:
     assert feed([2.0] * 20 + [3.5] * 6).failed is not None
 

@@ -66,6 +66,8 @@ def test_a_fatal_line_no_rule_knows_is_a_failure_naming_that_line(builtin_rulebo
     # warnings and counters of zero errors are not failures
     ["UserWarning: TypedStorage is deprecated and will fail in a future release", STEP.format(step=10)],
     [STEP.format(step=10), "validation: 0 errors, 12 samples"],
+    # NCCL's INFO lines are never its errors: each rank's communicator teardown at exit
+    [STEP.format(step=10), "8429a87:359:940 [3] NCCL INFO comm 0xcf44370 rank 3 nranks 4 cudaDev 3 busId 400000 - Abort COMPLETE"],
 ])
 def test_lines_that_went_on_working_do_not_fail_a_job(builtin_rulebook: Rulebook, lines: list[str]) -> None:
     assert _run(builtin_rulebook, lines).finish().status == "running"
@@ -86,6 +88,19 @@ def test_a_sigkill_with_no_error_of_the_jobs_own_is_the_hosts_oom_killer(builtin
     root = d.root_cause
     assert (root.reason, root.origin, root.source) == ("out_of_memory", "user", "evidence:sigkill")
     assert "exitcode: -9" in root.line and root.confidence < 0.6 and "OOM killer" in d.mitigation
+
+
+@pytest.mark.parametrize("lines", [
+    # DeepSpeed's launcher, its command line wrapped by the terminal before the exit code
+    ["[2023-11-13 16:59:54,760] [INFO] [launch.py:314:sigkill_handler] Killing subprocess 9439",
+     "[2023-11-13 16:59:55,650] [ERROR] [launch.py:320:sigkill_handler] ['/opt/conda/bin/python', '-u', 'train.py', ",
+     "'--local_rank=1', '--stage', '1'", "] exits with return code = -9"],
+    ["mpirun noticed that process rank 3 with PID 0 on node gpu-07 exited on signal 9 (Killed)."],
+])
+def test_other_launchers_reports_of_a_sigkill_are_read_too(builtin_rulebook: Rulebook, lines: list[str]) -> None:
+    d = _run(builtin_rulebook, [STEP.format(step=10), *lines]).finish()
+    root = d.root_cause
+    assert (root.reason, root.source) == ("out_of_memory", "evidence:sigkill") and root.line == lines[-1]
 
 
 def test_a_sigkill_after_the_jobs_own_error_leaves_that_error_the_cause(builtin_rulebook: Rulebook) -> None:

@@ -152,3 +152,18 @@ def test_an_indented_exception_line_after_the_traceback_still_counts() -> None:
     root, others = classify(("x", lines))
     assert root.rule.id == "keyerror"
     assert [o.reason for o in others] == ["value_error"]
+
+
+def test_an_agent_answer_replaces_a_signals_evidence_only_with_a_stronger_tier() -> None:
+    from rules.verdict import RootCauseView, agent_may_replace
+
+    killed = RootCauseView("out_of_memory", "framework", "user", "] exits with return code = -9", 7, "a.log",
+                           None, None, 0.5, "evidence:sigkill")
+    launcher = "[ERROR] [launch.py:320:sigkill_handler] ['/opt/conda/bin/python', '-u', 'train.py',"
+    # a guess from the nearest incidents on the launcher's own report of that exit: no
+    assert not agent_may_replace(killed, None, launcher, "import_error", Tier.CAUSE)
+    # a hardware fault the rules did not know: yes
+    assert agent_may_replace(killed, None, "GPU 3 has fallen off the bus", "cuda_error", Tier.HARDWARE)
+    # a root cause no rule and no evidence named is open to the agent
+    unmatched = RootCauseView("unknown", None, "unknown", launcher, 4, "a.log", None, None, 0.0, "unmatched")
+    assert agent_may_replace(unmatched, None, launcher, "import_error", Tier.CAUSE)
