@@ -245,7 +245,7 @@ def _outweighs_rules(job: JobView, diagnosis: Diagnosis, decision: Decision) -> 
     rule_id = rule_id_of(root.source) if root is not None else None
     rule = next((f.rule for f in job.found.values() if f.rule.id == rule_id), None) if rule_id else None
     return agent_may_replace(root, rule.tier if rule is not None else None, decision.line.text,
-                             decision.reason, decision.tier)
+                             decision.reason, decision.tier, error_like=decision.chunk.error_like)
 
 
 def choose(candidates: Sequence[Candidate]) -> Candidate | None:

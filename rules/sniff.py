@@ -7,7 +7,9 @@ Trainers without a pack print their loss the same few ways: `loss: L`, `loss=L`,
 ..., loss: L` (MaxText/metric_logger.py), nanoGPT `iter N: loss L, time ...` (train.py).
 Validation losses (`val_loss`, `eval/loss`) are not read: in one series with the training
 loss they would look like jumps. `total_loss` is (detectron2's and DINOv2's metric printers
-sum their loss terms under that name). The gradient norm of a line that reports a loss is
+sum their loss terms under that name), and so are RL trainers' policy losses: DeepSpeed-Chat's
+`act_loss`, OpenRLHF's `policy_loss`, verl's `actor/pg_loss` (the critic's value loss is not:
+one series per line). The gradient norm of a line that reports a loss is
 read too (`grad_norm`, `grad norm`, `GradNorm`, `gnorm`): HF Trainer dicts and JSON lines
 show a diverged run as `'grad_norm': nan` next to a finite, even 0.0, loss. Once a filter
 rule reads a source's progress (a pack, or a template the Log Agent learned with its fields
@@ -21,7 +23,8 @@ from rules.linear import compile_linear
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff])"
 LOSS_LINE = compile_linear(
     r"(?:\b(?:step|iter|iteration)['\"]?(?:: ?|=| )(?P<step>\d+)\b.*?)?"
-    r"(?:^|[ \t{,|'\"(]|train[/_]|total_)[Ll]oss['\"]?(?:[:=] ?| )['\"]?(?P<loss>" + _NUMBER + r")(?:[^\w.]|$)")
+    r"(?:^|[ \t{,|'\"(]|train[/_]|total_|lm_|act_|actor[/_]|policy_|pg_)[Ll]oss['\"]?(?:[:=] ?| )['\"]?(?P<loss>"
+    + _NUMBER + r")(?:[^\w.]|$)")
 """Searched, in RE2 (linear time whatever a line holds)."""
 GRAD_NORM = compile_linear(
     r"(?:^|[ \t{,|'\"(]|train/)(?:[Gg]rad[_ ]?[Nn]orm|gnorm)['\"]?(?:[:=] ?| )['\"]?(?P<grad>" + _NUMBER + r")(?:[^\w.]|$)")

@@ -420,7 +420,7 @@ def needs_agent(diagnosis: Diagnosis) -> bool:
 
 
 def agent_may_replace(root: RootCauseView | None, rule_tier: Tier | None, line: str, reason_id: str,
-                      tier: Tier) -> bool:
+                      tier: Tier, *, error_like: bool = True) -> bool:
     """Whether an agent's answer (`line`, `reason_id` at `tier`) may replace the root cause
     the rules named (`rule_tier`: the tier of the rule behind it, when known).
 
@@ -429,10 +429,14 @@ def agent_may_replace(root: RootCauseView | None, rule_tier: Tier | None, line: 
     a line of a stronger tier than the rules' own line, and at least a recognised cause. A
     line the knowledge base only loosely recognises (generic) never overrides a rule.
     A signal that killed the job with no exception of its own (`evidence:`) stands as a
-    cause-tier rule does: the launcher's report of that exit is not another failure.
+    cause-tier rule does: the launcher's report of that exit is not another failure. A line
+    that says nothing of an error by its own words (`error_like`: a wrapped line's tail, a
+    config echo) replaces no named root cause, however near an incident it retrieves.
     """
     if root is None or root.reason == "unknown":
         return True
+    if not error_like and line != root.line:
+        return False
     if rule_id_of(root.source) is None and not root.source.startswith("evidence:"):
         return True
     if line == root.line:

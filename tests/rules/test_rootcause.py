@@ -164,6 +164,12 @@ def test_an_agent_answer_replaces_a_signals_evidence_only_with_a_stronger_tier()
     assert not agent_may_replace(killed, None, launcher, "import_error", Tier.CAUSE)
     # a hardware fault the rules did not know: yes
     assert agent_may_replace(killed, None, "GPU 3 has fallen off the bus", "cuda_error", Tier.HARDWARE)
+    # nor a line that says nothing of an error (a wrapped line's tail), over a rule's symptom
+    timeout = RootCauseView("nccl_timeout", "infrastructure", "infrastructure", "Some NCCL operations have failed",
+                            1, "a.log", None, None, 0.7, "rule:nccl.watchdog-timeout")
+    tail = "tions might run on corrupted/incomplete data."
+    assert not agent_may_replace(timeout, Tier.SYMPTOM, tail, "out_of_memory", Tier.CAUSE, error_like=False)
+    assert agent_may_replace(timeout, Tier.SYMPTOM, "CUDA out of memory.", "out_of_memory", Tier.CAUSE)
     # a root cause no rule and no evidence named is open to the agent
     unmatched = RootCauseView("unknown", None, "unknown", launcher, 4, "a.log", None, None, 0.0, "unmatched")
     assert agent_may_replace(unmatched, None, launcher, "import_error", Tier.CAUSE)

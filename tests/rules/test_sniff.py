@@ -16,6 +16,10 @@ from rules.sniff import loss_fields
     ("{'loss': 1.2, 'grad_norm': nan}", (None, "1.2")),
     ('{"loss": 1.23, "lr": 0.0002}', (None, "1.23")),
     ("loss=inf", (None, "inf")),
+    # RL trainers' policy loss (the critic's is another series)
+    ("epoch: 0|step: 3184|ppo_ep: 1|act_loss: inf|cri_loss: inf|unsuper_loss: 0.0", ("3184", "inf")),  # DeepSpeed-Chat
+    ("step:12 - actor/pg_loss:0.013 - critic/vf_loss:0.2", ("12", "0.013")),  # verl
+    ("{'policy_loss': 0.12, 'value_loss': 3.0}", (None, "0.12")),  # OpenRLHF
 ])
 def test_a_training_loss_is_read(line: str, want: tuple[str | None, str]) -> None:
     assert loss_fields(line) == want
@@ -24,7 +28,7 @@ def test_a_training_loss_is_read(line: str, want: tuple[str | None, str]) -> Non
 @pytest.mark.parametrize("line", [
     "val_loss: 2.31", "eval/loss: 1.02 - eval/runtime: 3.2", "Loss function: CrossEntropy",
     "loss scale: 65536", "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0",
-    "lossy compression: 3", "no loss here",
+    "lossy compression: 3", "no loss here", "cri_loss: 4.0 | value_loss: 3.1",
 ])
 def test_what_is_not_a_training_loss_is_not_read(line: str) -> None:
     assert loss_fields(line) is None
