@@ -298,6 +298,9 @@ class JobRun:
             self.feed(current, ("\n".join(batch) + "\n").encode("utf-8"))
 
     def _feed(self, source: str, buffer: bytes, *, raw_bytes: int | None = None) -> list[KeptLine]:
+        # whether this slice taught the agent something: a slice that keeps nothing taught
+        # nothing (left as it was, one learning slice kept every later slice at 64 KB)
+        self._learned_in_feed = False
         run = self.source(source)
         self.bytes_in += len(buffer) if raw_bytes is None else raw_bytes
         first_line = run.stream.lines_in

@@ -176,3 +176,26 @@ def test_config_is_validated() -> None:
     for bad in ({"votes": 0}, {"votes": 16}, {"min_support": 0}, {"segment_lines": 0}, {"agreement": 0.0}):
         with pytest.raises(ValueError):
             LogAgentConfig(**bad)
+
+
+def test_once_learned_the_slices_grow_back_to_whole_buffers(rulebook, monkeypatch) -> None:
+    """A buffer is fed in 64 KB slices only while the agent learns; a slice that keeps
+    nothing learned nothing, so the slices grow again (they stayed at 64 KB for the rest of
+    a log after the first slice that learned: a first run at half its speed)."""
+    log = helix_log(steps=220000, nodes=2, ranks_per_node=8, seed=13, failure="ecc")
+    data = ("\n".join(log.lines) + "\n").encode()
+    meta = JobMeta(name=log.name)
+    run = JobRun(rulebook, meta, log_agent=LogAgent(LogAgentConfig(), corpus=[]).for_job(meta))
+    sizes: list[int] = []
+    real = JobRun._feed
+
+    def spy(self, source, buffer, **kw):
+        sizes.append(len(buffer))
+        return real(self, source, buffer, **kw)
+
+    monkeypatch.setattr(JobRun, "_feed", spy)
+    for start in range(0, len(data), 8 << 20):
+        stop = data.rfind(b"\n", 0, min(len(data), start + (8 << 20))) + 1
+        run.feed("job.log", data[start:stop])
+    assert run.learned
+    assert len(data) > 4 << 20 and len(sizes) < 40, (len(data), len(sizes))
