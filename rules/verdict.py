@@ -6,6 +6,7 @@ root cause is `rules/rootcause.py`'s evidence policy, which `decide` applies."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -312,10 +313,25 @@ def decide(facts: Facts) -> Diagnosis:
     return diagnosis
 
 
+_JIT_BUILD = re.compile(
+    r"compiling and loading fused kernels|Emitting ninja build file |Building extension module |"
+    r"Allowing ninja to set a default number of workers|as PyTorch extensions root|Lock file exists in build directory")
+"""A kernel build at start-up: Megatron's fused kernels, torch.utils.cpp_extension's JIT build
+(DeepSpeed's ops, apex). When the output stops on one, the build waits on the lock file that
+an interrupted earlier build left behind (torch's FileBaton waits for it forever)."""
+
+
 def _stalled_at(diagnosis: Diagnosis, at: tuple[str, int, str], mitigation: str) -> Diagnosis:
     """Stalled at a line of the log's own output (before any training step), to investigate."""
     line, line_number, source = at
     view, _ = from_hang(line, line_number, source, None, since="output")
+    if _JIT_BUILD.search(line):
+        view = replace(view, origin=Origin.USER.value)
+        mitigation = (
+            "The output stops in a kernel build at start-up: most often it waits for the lock of an earlier build "
+            "that was interrupted. Delete the build directory it names (Megatron's megatron/fused_kernels/build, or "
+            "the PyTorch extensions root, ~/.cache/torch_extensions by default, TORCH_EXTENSIONS_DIR when set) and "
+            "restart; give each node its own extensions directory when it is on a shared filesystem.")
     diagnosis.status, diagnosis.action = JobStatus.STALLED.value, Action.INVESTIGATE.value
     diagnosis.root_cause, diagnosis.mitigation = replace(view, confidence=0.5), mitigation
     return diagnosis

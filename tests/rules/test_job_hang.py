@@ -131,6 +131,20 @@ def test_a_whole_log_that_stops_in_its_setup_with_no_error_is_a_stall_at_its_las
     assert with_exit_code(diagnosis.to_dict(), 0)["status"] == "healthy"
 
 
+@pytest.mark.parametrize("last", [
+    "Allowing ninja to set a default number of workers... (overridable by setting the environment variable MAX_JOBS=N)",
+    "> compiling and loading fused kernels ...",
+    "Using /root/.cache/torch_extensions/py310_cu121 as PyTorch extensions root...",
+])
+def test_a_stall_in_a_kernel_build_at_start_up_is_the_users_stale_build_lock(rulebook: Rulebook, last: str) -> None:
+    diagnosis = _diagnose(rulebook, [*_SETUP[:2], last])
+    root = diagnosis.root_cause
+    assert (diagnosis.status, root.reason, root.origin, root.line) == ("stalled", "hang", "user", last)
+    assert "build directory" in diagnosis.mitigation
+    # a stall anywhere else is not put on a build
+    assert _diagnose(rulebook, _SETUP).root_cause.origin != "user"
+
+
 def test_a_stack_dump_with_no_exception_is_a_stall_not_an_unknown_failure(rulebook: Rulebook) -> None:
     """py-spy or gdb's py-bt of a stuck rank: frames, no exception. People post them because
     the job hung; the frames are error-like for the guard, not an error of their own."""
