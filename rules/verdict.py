@@ -264,7 +264,8 @@ def decide(facts: Facts) -> Diagnosis:
         if node is not None and root.evidence.node is None:
             root = replace(root, evidence=replace(root.evidence, node=node), nodes=tuple(sorted({*root.nodes, node})))
         view, action, nodes, mitigation = from_rule(root, others)
-        if view.reason in SETUP_SENSITIVE and view.origin == Origin.INFRASTRUCTURE.value and not facts.progress.get("points"):
+        if (view.reason in SETUP_SENSITIVE and view.origin == Origin.INFRASTRUCTURE.value
+                and not facts.progress.get("points") and not _past_setup(root)):
             view, action, nodes, mitigation = _before_training(view, mitigation)
         diagnosis.status, diagnosis.root_cause, diagnosis.action = JobStatus.FAILED.value, view, action
         diagnosis.suspect_nodes, diagnosis.mitigation = nodes, mitigation
@@ -363,6 +364,17 @@ job's own setup (a wrong master address or interface, a port in use, containers 
 see each other, rank 0 still preparing data while the others wait): 14 of 16 such dev-split
 logs with a known origin. Once the job has trained, the same line more often means a peer or
 the network went away, and the rule's infrastructure origin stands."""
+
+
+PAST_SETUP_SEQ = 1000
+"""A collective's sequence number from which the job was past its setup: NCCL's watchdog names
+the one that timed out (`WorkNCCL(SeqNum=12029440, ...)`), and set-up runs a few dozen; a
+paste that shows no training step can still show that thousands came before."""
+
+
+def _past_setup(root: RootCause) -> bool:
+    seq = root.evidence.groups.get("seq")
+    return seq is not None and seq.isdigit() and int(seq) >= PAST_SETUP_SEQ
 
 
 def _before_training(view: RootCauseView, mitigation: str) -> tuple[RootCauseView, str, list[str], str]:

@@ -44,6 +44,15 @@ def test_after_training_steps_the_rule_origin_stands(builtin_rulebook: Rulebook,
     assert d.root_cause.origin == "infrastructure" and d.action != "fix_and_resubmit"
 
 
+def test_a_timeout_thousands_of_collectives_in_is_past_the_setup(builtin_rulebook: Rulebook) -> None:
+    """A paste with no training step, but the watchdog's sequence number says twelve million
+    collectives ran before the one that timed out: not the job's setup."""
+    late = FAILURES["nccl_timeout"].replace("SeqNum=7,", "SeqNum=12029440,")
+    d = diagnose(builtin_rulebook, ["[Torch] Checkpoint global_step5000 is ready now!", late])
+    assert (d.root_cause.reason, d.root_cause.origin) == ("nccl_timeout", "infrastructure")
+    assert not d.mitigation.startswith("No training step was logged before it")
+
+
 def _torchrun_box(signal: int, name: str, pids: list[int]) -> list[str]:
     def entry(i: int, pid: int) -> list[str]:
         return [f"[{i}]:", "  time      : 2024-01-16_18:04:01", "  host      : node-1",
