@@ -329,10 +329,10 @@ def _stalled_at(diagnosis: Diagnosis, at: tuple[str, int, str], mitigation: str)
     if _JIT_BUILD.search(line):
         view = replace(view, origin=Origin.USER.value)
         mitigation = (
-            "The output stops in a kernel build at start-up: most often it waits for the lock of an earlier build "
-            "that was interrupted. Delete the build directory it names (Megatron's megatron/fused_kernels/build, or "
-            "the PyTorch extensions root, ~/.cache/torch_extensions by default, TORCH_EXTENSIONS_DIR when set) and "
-            "restart; give each node its own extensions directory when it is on a shared filesystem.")
+            "It stopped in a kernel build at start-up, which most often waits for the lock of an earlier build that "
+            "was interrupted: delete the build directory (Megatron's megatron/fused_kernels/build, or the PyTorch "
+            "extensions root, ~/.cache/torch_extensions by default, TORCH_EXTENSIONS_DIR when set) and restart; give "
+            "each node its own extensions directory when it is on a shared filesystem. " + mitigation)
     diagnosis.status, diagnosis.action = JobStatus.STALLED.value, Action.INVESTIGATE.value
     diagnosis.root_cause, diagnosis.mitigation = replace(view, confidence=0.5), mitigation
     return diagnosis
