@@ -180,6 +180,8 @@ def _run_job(ctx, paths: Sequence[str], meta: JobMeta, *, on_kept=None, progress
     from service.ingest.sources import feed_path
 
     run = ctx.new_run(meta, diagnose=diagnose)
+    if diagnose and ctx.failure_agent is not None:
+        ctx.failure_agent.on_load = _say_agent_loads
     for path in paths:
         feed_path(run, path, progress=progress, on_kept=on_kept)
     for name, text in error_files:  # each failing rank's recorded exception, a source of its own
@@ -192,6 +194,12 @@ def _run_job(ctx, paths: Sequence[str], meta: JobMeta, *, on_kept=None, progress
     ctx.after_run(run, diagnosis)
     _say_what_was_stored(ctx, run, diagnosis)
     return run, diagnosis
+
+
+def _say_agent_loads() -> None:
+    sys.stderr.write("faultline: no rule explains this failure for sure: loading the Failure Agent "
+                     "(its embedding model and knowledge base, a few seconds and about 600 MB the first time)\n")
+    sys.stderr.flush()
 
 
 def _say_what_was_stored(ctx, run: JobRun, diagnosis: Diagnosis) -> None:

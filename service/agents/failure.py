@@ -185,6 +185,9 @@ class LazyFailureAgent:
         self._agent: FailureAgent | None = None
         self._lock = threading.Lock()
         self.closers: list = []
+        self.on_load: Callable[[], None] | None = None
+        """Called once, before the agent (its model and knowledge base) is built: the CLI says
+        so on standard error, since the first build costs seconds and hundreds of MB."""
 
     @property
     def built(self) -> bool:
@@ -193,6 +196,8 @@ class LazyFailureAgent:
     def agent(self) -> FailureAgent:
         with self._lock:
             if self._agent is None:
+                if self.on_load is not None:
+                    self.on_load()
                 self._agent = self._build()
             return self._agent
 

@@ -41,6 +41,7 @@ def test_the_cli_loads_no_model_for_a_log_the_rules_resolve(tmp_path) -> None:
     done = run_cli(code, tmp_path / "data")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == '{"source": "rule:gpu.ecc-uncorrectable", "heavy": []}'
+    assert "loading the Failure Agent" not in done.stderr
 
 
 def test_the_cli_diagnoses_a_novel_failure_with_the_agent(tmp_path) -> None:
@@ -52,6 +53,8 @@ def test_the_cli_diagnoses_a_novel_failure_with_the_agent(tmp_path) -> None:
     assert "root cause: import_error (script, origin user" in done.stdout and ", retrieval)" in done.stdout
     assert "flash_attn_2_cuda" in done.stdout.split("mitigation: ", 1)[1]
     assert "Loading weights" not in done.stderr  # no progress bars from the model load
+    # but one line says why it takes seconds
+    assert "faultline: no rule explains this failure for sure: loading the Failure Agent" in done.stderr
 
 
 @pytest.fixture(scope="module")
