@@ -65,6 +65,12 @@ def _log_to_stderr() -> None:
         ours.setLevel(logging.INFO)
 
 
+def _preload_done(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        # the first log that needs the agent builds it again, and says why if it fails
+        log.warning("the Failure Agent could not be preloaded: %s", task.exception())
+
+
 def create_app(settings: Settings | None = None, *, embedder: object | None = None) -> FastAPI:
     """The app; raises ConfigError (refuses to start) with admin enabled and no real token.
     `embedder`: a loaded embedding model to share (tests); by default the Failure Agent
@@ -82,6 +88,13 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
         outbox.attach(asyncio.get_running_loop())
         app.state.live = live = LiveJobs(ctx, outbox)
         tasks = [asyncio.create_task(_every(settings.hang_check_interval_s, live.sweep), name="stall-sweep")]
+        warming = None
+        if ctx.failure_agent is not None and settings.preload_failure_agent:
+            # in a thread: the model's load is CPU work; a request that needs the agent
+            # meanwhile waits for the same build (LazyFailureAgent's lock), never a second one
+            warming = asyncio.create_task(asyncio.to_thread(ctx.failure_agent.agent), name="failure-agent-preload")
+            warming.add_done_callback(_preload_done)
+            app.state.failure_agent_preload = warming
         if outbox.enabled:
             deliverer = Deliverer(settings, ctx.db, registry)
             tasks.append(asyncio.create_task(deliverer.run(outbox.wake), name="webhook-delivery"))
@@ -91,6 +104,9 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if warming is not None:
+                # a thread cannot be cancelled: let the build finish before the database closes
+                await asyncio.gather(warming, return_exceptions=True)
             ctx.close()
 
     app = FastAPI(title="Faultline", version="0.1.0", lifespan=lifespan,

@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     """LLM calls per job; past it the embedded miner takes over."""
     failure_agent: bool = True
     """Run the Failure Agent when no rule resolves a failure (loads the embedding model then)."""
+    preload_failure_agent: bool = True
+    """`serve`: build the Failure Agent (embedding model, knowledge base) in the background at
+    start, so the first log no rule explains does not wait seconds for it; /healthz says
+    `failure_agent: loading` until it is ready. Off: built on first use."""
     failure_agent_attempts: int = Field(default=3, ge=1, le=10)
     """LLM answers tried (an invalid one is retried with the problem named) before the
     embedded decision is used."""

@@ -33,7 +33,8 @@ def serve_process(env: Mapping[str, str], *, workers: int = 1, startup_timeout_s
     answers; terminates the process (and its workers) on exit."""
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
-    environ.update(env, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    environ.update({"FAULTLINE_PRELOAD_FAILURE_AGENT": "false"}, **env)  # as running_server
+    environ.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     out = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     process = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(port),

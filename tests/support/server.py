@@ -29,6 +29,10 @@ def free_port() -> int:
 def running_server(settings: Settings, *, startup_timeout_s: float = 60.0, embedder: object | None = None) -> Iterator[str]:
     """Yields the base URL once /healthz answers; stops the server on exit. `embedder`: a
     loaded embedding model to share (the session's), else the app loads its own if needed."""
+    if "preload_failure_agent" not in settings.model_fields_set:
+        # the tests that need the agent build it on first use; a build per server at start
+        # would only load the CPU (tests/service/test_failure_agent_preload.py covers it)
+        settings = settings.model_copy(update={"preload_failure_agent": False})
     port = free_port()
     config = uvicorn.Config(create_app(settings, embedder=embedder), host="127.0.0.1", port=port, log_level="warning",
                             lifespan="on")
@@ -61,7 +65,7 @@ class ServerProcess:
     def __init__(self, env: dict[str, str], *, port: int | None = None, cwd: str | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = env
+        self.env = {"FAULTLINE_PRELOAD_FAILURE_AGENT": "false", **env}  # as running_server
         self.cwd = cwd
         self.proc: subprocess.Popen | None = None
         self.starts = 0
