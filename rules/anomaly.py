@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 BASELINE_POINTS = 64
@@ -100,8 +100,7 @@ class LossSpikeDetector:
     def _baseline(self) -> float | None:
         if not self._window or (len(self._window) < SHORT_BASELINE and self._window[0] <= 0):
             return None
-        ordered = sorted(self._window)
-        return ordered[len(ordered) // 2]
+        return _median(self._window)
 
     def _threshold(self, baseline: float) -> float:
         size = len(self._window)
@@ -142,7 +141,7 @@ class LossSpikeDetector:
         if loss is None:
             return
         self._points += 1
-        step_id = None if math.isnan(step) else int(step)
+        step_id = _step_id(step)
         cand = self._candidate
         if not math.isfinite(loss):
             if cand is not None:  # it jumped first, then went NaN: the jump is where it began
@@ -193,8 +192,7 @@ class LossSpikeDetector:
         """The finite gradient norm from which a point counts as exploded."""
         if len(self._grad_window) < GRAD_MIN_BASELINE:
             return GRAD_EXPLODED
-        ordered = sorted(self._grad_window)
-        return min(GRAD_EXPLODED, ordered[len(ordered) // 2] * GRAD_JUMP_RATIO)
+        return min(GRAD_EXPLODED, _median(self._grad_window) * GRAD_JUMP_RATIO)
 
     def _check_grads(self, lines: Sequence[int], steps: Sequence[float], grad_norms: Sequence[float | None],
                      line_text: Callable[[int], str]) -> None:
@@ -222,10 +220,13 @@ class LossSpikeDetector:
                 self._exploded, self._exploded_points = None, 0
             self._bad_grads.append((line, step, line_text(line)))
             if len(self._bad_grads) >= NAN_GRAD_POINTS:
-                first, first_step, text = self._bad_grads[0]
-                self.spikes.append(Spike("nan", first, text,
-                                         None if math.isnan(first_step) else int(first_step), self._baseline(), None))
+                self._nan_grads()
                 return
+
+    def _nan_grads(self) -> None:
+        """The run of NaN/inf gradient norms is a spike from its first point."""
+        first, first_step, text = self._bad_grads[0]
+        self.spikes.append(Spike("nan", first, text, _step_id(first_step), self._baseline(), None))
 
     def finish(self) -> None:
         """At the end of the log: a jump still up after a few points counts as diverged, and
@@ -236,9 +237,7 @@ class LossSpikeDetector:
         if self.failed is not None:
             return
         if self._bad_grads:
-            first, first_step, text = self._bad_grads[0]
-            self.spikes.append(Spike("nan", first, text,
-                                     None if math.isnan(first_step) else int(first_step), self._baseline(), None))
+            self._nan_grads()
             return
         cand = self._candidate
         if cand is not None and (cand.points >= END_SUSTAIN_POINTS or cand.peak >= cand.baseline * SHORT_JUMP_RATIO):
@@ -248,7 +247,15 @@ class LossSpikeDetector:
             # the log ends on exploded norms (one alone may be a blip): clipping kept the loss
             # finite, the run is diverging; a loss spike of its own, checked above, comes first
             first, first_step, text = self._exploded
-            baseline = sorted(self._grad_window)[len(self._grad_window) // 2] if self._grad_window else None
-            self.spikes.append(Spike("grad_norm", first, text, None if math.isnan(first_step) else int(first_step),
-                                     baseline, self._exploded_peak))
+            baseline = _median(self._grad_window) if self._grad_window else None
+            self.spikes.append(Spike("grad_norm", first, text, _step_id(first_step), baseline, self._exploded_peak))
 
+
+def _median(values: Iterable[float]) -> float:
+    """The upper median (of an even count, the higher middle value): no averaging of two."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def _step_id(step: float) -> int | None:
+    return None if math.isnan(step) else int(step)

@@ -74,13 +74,13 @@ had run out, which no Python code sees coming (pytorch#5247)."""
 _BOX_ROOT = "Root Cause (first observed failure)"
 _LAUNCHER_EXCEPTION = re.compile(r"ChildFailedError|torch\.distributed\.elastic")
 """torchrun's own report that a worker failed: a consequence, not the worker's exception."""
-_NCCL_INFO = "NCCL INFO"
 _NOT_FATAL = re.compile(r"\b[A-Z]\w*Warning\b|^\W*(?:WARNING|WARN|W\d{4})\b|\[W\d{3,4} |(?<!NCCL )\bWARN(?:ING)?\b"
                         r"|\bwarning\b|\b(?:no|0|zero) (?:errors?|failures?)\b|\b(?:error|fail)[\w.]*\s*[:=]\s*0\b"
-                        r"|\b%s\b" % _NCCL_INFO)
+                        r"|\bNCCL INFO\b")
 """Warnings, and counters of errors that are zero: lines that went on working. NCCL's own
 `NCCL WARN` lines are how it reports its errors, so they are not warnings here; its `NCCL
 INFO` lines never are errors (`comm ... - Abort COMPLETE` is each rank's teardown at exit)."""
+_NCCL_INFO = "NCCL INFO"
 
 
 @dataclass(frozen=True)

@@ -134,10 +134,10 @@ def from_spike(spike: Spike, checkpoints: list[Checkpoint], source: str) -> tupl
     what = {"diverged": "the loss jumped and did not come back",
             "nan": "the loss became NaN/inf", "loss_scale": "the fp16 loss scale collapsed",
             "grad_norm": "the gradient norm exploded"}[spike.kind]
-    mitigation = (f"At step {spike.step if spike.step is not None else '?'} {what}"
-                  + (f" (from about {spike.baseline:.3g} to {spike.peak:.3g})"
-                     if spike.kind in ("diverged", "grad_norm") and spike.baseline and spike.peak else
-                     f" (to {spike.peak:.3g})" if spike.kind == "grad_norm" and spike.peak else "")
+    span = ""
+    if spike.kind in ("diverged", "grad_norm") and spike.peak:
+        span = f" (from about {spike.baseline:.3g} to {spike.peak:.3g})" if spike.baseline else f" (to {spike.peak:.3g})"
+    mitigation = (f"At step {spike.step if spike.step is not None else '?'} {what}{span}"
                   + (f". Roll back to the checkpoint of step {rollback_to.step}" if rollback_to
                      else ". Roll back to the last checkpoint before the spike")
                   + (f" and skip the data of steps {skip[0]}-{skip[1]}" if skip else "")

@@ -218,6 +218,12 @@ def _figures(results: Sequence[Scored], name: str) -> dict[str, float]:
     }
 
 
+def _rows(figures: dict[str, dict[str, float]], titles: Sequence[tuple[str, str]]) -> list[str]:
+    """One table row per figure: ours, then the two baselines."""
+    return [f"{title:26}{figures['ours'][key]:>11.2f}{figures['first_error'][key]:>13.2f}"
+            f"{figures['last_exception'][key]:>16.2f}" for key, title in titles]
+
+
 def _share(flags: Iterable[bool]) -> float:
     flags = list(flags)
     return round(sum(flags) / len(flags), 3) if flags else 0.0
@@ -229,14 +235,12 @@ def render(report: Report) -> str:
     out = [f"{report.logs} labelled logs ({report.hard} hard, {report.origin_known} with a known origin), "
            f"{report.seconds_per_log:.2f} s per log", "",
            f"{'':26}{'faultline':>11}{'first error':>13}{'last exception':>16}"]
-    for key, title in (("reason", "reason right"), ("origin", "origin right"), ("line", "root-cause line found"),
-                       ("hard_reason", "hard cases: reason right"), ("silent", "silent (no root cause)")):
-        out.append(f"{title:26}{f['ours'][key]:>11.2f}{f['first_error'][key]:>13.2f}{f['last_exception'][key]:>16.2f}")
-    c = report.confirmed_figures
-    if c:
+    titles = (("reason", "reason right"), ("origin", "origin right"), ("line", "root-cause line found"),
+              ("hard_reason", "hard cases: reason right"), ("silent", "silent (no root cause)"))
+    out += _rows(f, titles)
+    if report.confirmed_figures:
         out += ["", f"the {report.confirmed} logs whose thread confirmed the cause:"]
-        for key, title in (("reason", "reason right"), ("origin", "origin right"), ("line", "root-cause line found")):
-            out.append(f"{title:26}{c['ours'][key]:>11.2f}{c['first_error'][key]:>13.2f}{c['last_exception'][key]:>16.2f}")
+        out += _rows(report.confirmed_figures, titles[:3])
     out += ["", f"{'reason':24}{'logs':>6}{'right':>7}{'named':>7}"]
     for reason_id, row in sorted(report.per_reason.items(), key=lambda kv: (-kv[1]["logs"], kv[0])):
         out.append(f"{reason_id:24}{row['logs']:>6}{row['right']:>7}{row['predicted']:>7}")
