@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -368,9 +369,22 @@ def cmd_serve(args: argparse.Namespace, _out: TextIO) -> int:
                           "anyone could read and write jobs. Set FAULTLINE_API_TOKENS (name:scopes:token,...) "
                           "or pass --insecure")
     if args.workers > 1:
-        # each worker builds its own app from the same environment
-        uvicorn.run("service.app:create_app", factory=True, host=args.host, port=args.port,
-                    workers=args.workers, log_level="info")
+        import shutil
+        import tempfile
+
+        from service.metrics import MULTIPROCESS_DIR
+
+        # each worker builds its own app from the same environment; their metrics go to one
+        # fresh folder that every worker's /metrics sums (stale files would add old counts)
+        ours = None if os.environ.get(MULTIPROCESS_DIR) else tempfile.mkdtemp(prefix="faultline-metrics-")
+        if ours:
+            os.environ[MULTIPROCESS_DIR] = ours
+        try:
+            uvicorn.run("service.app:create_app", factory=True, host=args.host, port=args.port,
+                        workers=args.workers, log_level="info")
+        finally:
+            if ours:
+                shutil.rmtree(ours, ignore_errors=True)
     else:
         from service.app import create_app
 

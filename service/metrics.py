@@ -5,24 +5,31 @@ templates, check names): never a job id, a rank, a rule id or a raw path, so the
 series stays bounded whatever the traffic. Counters are declared without the `_total`
 suffix; prometheus-client adds it to the exposed sample names.
 
-With `faultline serve --workers N`, each worker process counts its own requests; scrape
-them one by one or run one worker per container.
+With `faultline serve --workers N`, the workers count into prometheus-client's multiprocess
+files (PROMETHEUS_MULTIPROC_DIR, which `serve` sets up) and any worker's /metrics sums them
+all: a counter never goes back when the next scrape lands on another worker. The process_*
+metrics describe one process, so they are exposed only with one worker.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
-    Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
+    multiprocess,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from rules.taxonomy import JobStatus, Origin, is_reason
 
@@ -60,11 +67,40 @@ def _source_kind(source: str | None) -> str:
     return source.split(":", 1)[0][:32]
 
 
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus-client's own switch: set, every metric of the process counts into a file there."""
+
+
+def multiprocess_mode() -> bool:
+    return bool(os.environ.get(MULTIPROCESS_DIR))
+
+
+class _RuleCounts(Collector):
+    """Stored rules by kind and status, as read from the database at the last scrape: a value
+    of the store, not of a process, so it is never summed over workers."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("faultline_rules", "Stored rules (learned, suggested, imported) by kind and "
+                                   "status.", labels=["kind", "status"])
+        for kind, by_status in sorted(self.counts.items()):
+            for status, n in sorted(by_status.items()):
+                family.add_metric([kind, status], n)
+        yield family
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
+        self.multiprocess = multiprocess_mode()
+        self._rules = _RuleCounts()
+        if not self.multiprocess:
+            r.register(self._rules)
+            ProcessCollector(registry=r)
         self.lines_ingested = Counter("faultline_lines_ingested", "Log lines read, by entry point.",
                                       ["entry"], registry=r)
         self.lines_filtered = Counter("faultline_lines_filtered", "Log lines dropped by filter rules.",
@@ -93,8 +129,6 @@ class Metrics:
                                      "(delivered, retry, failed).", ["event", "outcome"], registry=r)
         self.stalls = Counter("faultline_stalls_detected", "Live jobs marked stalled, by what fell silent "
                               "(progress, output).", ["since"], registry=r)
-        self.rules = Gauge("faultline_rules", "Stored rules (learned, suggested, imported) by kind and status.",
-                           ["kind", "status"], registry=r)
 
     # -- observations ----------------------------------------------------------------------------
     def observe_diagnosis(self, diagnosis: dict[str, Any], *, entry: str) -> None:
@@ -148,13 +182,16 @@ class Metrics:
         self.admin_actions.labels(action).inc()
 
     def set_rule_counts(self, counts: dict[str, dict[str, int]]) -> None:
-        self.rules.clear()
-        for kind, by_status in counts.items():
-            for status, n in by_status.items():
-                self.rules.labels(kind, status).set(n)
+        self._rules.counts = {kind: dict(by_status) for kind, by_status in counts.items()}
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        # every worker's files, read at each scrape (the library's documented way)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        registry.register(self._rules)
+        return generate_latest(registry)
 
 
 class LatencyMiddleware:

@@ -171,3 +171,38 @@ def test_failed_votes_of_an_llm_the_miner_stood_in_for_count_as_failed() -> None
     text = prometheus_client.generate_latest(metrics.registry).decode()
     assert value(text, "faultline_agent_votes_total", agent="log_agent", outcome="cast") == 5
     assert value(text, "faultline_agent_votes_total", agent="log_agent", outcome="failed") == 5
+
+
+def test_a_two_worker_server_sums_its_workers_and_counters_never_go_back(tmp_path: Path) -> None:
+    """`serve --workers 2`: scrapes land on either worker, and each must report what both
+    counted (with a registry per process, a counter read 1, 1, 5, 1, ... and Prometheus saw
+    resets). Uploads and scrapes alternate, 30 scrapes in all."""
+    from tests.support.processes import serve_process
+
+    log = "\n".join(f"step {i} loss 2.{i:02d}" for i in range(50)) + "\nRuntimeError: CUDA error: an illegal memory access was encountered\n"
+    env = {"FAULTLINE_DATA_DIR": str(tmp_path), "FAULTLINE_ADMIN_ENABLED": "false"}
+    seen: list[tuple[float, float, float]] = []
+    with serve_process(env, workers=2) as server:
+        posted = 0
+        for round_ in range(30):
+            if round_ % 2 == 0:
+                r = httpx.post(f"{server.url}/diagnose", content=log, timeout=60)
+                assert r.status_code == 200, r.text
+                posted += 1
+            text = httpx.get(f"{server.url}/metrics", timeout=30).text
+            counted = samples(text)
+            diagnoses = sum(v for (name, _), v in counted.items() if name == "faultline_diagnoses_total")
+            lines = sum(v for (name, _), v in counted.items() if name == "faultline_lines_ingested_total")
+            requests = sum(v for (name, _), v in counted.items()
+                           if name == "faultline_http_request_duration_seconds_count")
+            seen.append((diagnoses, lines, requests))
+            assert diagnoses == posted, (round_, diagnoses, posted)
+    for before, after in zip(seen, seen[1:]):
+        assert all(b <= a for b, a in zip(before, after, strict=True)), seen
+    assert seen[-1][1] == 15 * 51  # every line of every upload, whichever worker took it
+    assert seen[-1][2] >= 45  # the requests of both workers (the scrape itself is counted after it answers)
+    assert "process_cpu_seconds_total" not in text  # one process's figures would jump between scrapes
+
+
+def test_one_process_exposes_its_process_metrics(scraped) -> None:
+    assert value(scraped["text"], "process_cpu_seconds_total") > 0
