@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from fastapi import Request
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials
 
+from service.api.schema import API_TOKEN
 from service.errors import Forbidden, Unauthorized
 from service.settings import Settings
 
@@ -82,7 +84,8 @@ def require(*scopes: str) -> Callable[[Request], str | None]:
     unknown, 403 without the scope); None when no token is configured (the API is open).
     The `admin` scope may do everything."""
 
-    def check(request: Request) -> str | None:
+    def check(request: Request, _documented: HTTPAuthorizationCredentials | None = Security(API_TOKEN)) -> str | None:
+        # `_documented` only puts the scheme into OpenAPI; the header is read below, with our messages
         tokens: ApiTokens = request.app.state.api_tokens
         if not tokens:
             return None

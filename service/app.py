@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -109,8 +110,10 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
                 await asyncio.gather(warming, return_exceptions=True)
             ctx.close()
 
-    app = FastAPI(title="Faultline", version="0.1.0", lifespan=lifespan,
-                  description="Diagnoses why a large-model training job failed, from its logs.")
+    # /docs (Swagger UI) and /redoc from the files fastapi-offline ships: FastAPI's own pages
+    # load them from a CDN, and a service inside a cluster often has no way out
+    app = FastAPIOffline(title="Faultline", version="0.1.0", lifespan=lifespan,
+                         description="Diagnoses why a large-model training job failed, from its logs.")
     app.state.metrics = registry
     app.state.upload_slots = asyncio.Semaphore(settings.max_concurrent_uploads)
     app.state.admin_tokens = AdminTokens.from_settings(settings)

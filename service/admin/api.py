@@ -10,6 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
+from service.api.schema import ADMIN_ERRORS
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -21,7 +22,7 @@ from service.admin.auth import require_admin
 from service.deps import MAX_OFFSET, ContextDep
 from service.errors import PayloadTooLarge, UnsupportedMediaType
 
-router = APIRouter(prefix="/admin", tags=["admin"])
+router = APIRouter(prefix="/admin", tags=["admin"], responses=ADMIN_ERRORS)
 Admin = Annotated[str, Depends(require_admin)]
 MAX_PACK_BYTES = 8 << 20
 PACK_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
@@ -96,7 +97,9 @@ def list_rules(ctx: ContextDep, _admin: Admin,
     return _in_session(ctx, run)
 
 
-@router.get("/rules/export")
+@router.get("/rules/export", response_class=Response, responses={200: {
+    "description": "A YAML rule pack (the format `POST /admin/rules/import` and `faultline rules import` read).",
+    "content": {"application/yaml": {"schema": {"type": "string"}}}}})
 def export_rules(ctx: ContextDep, admin: Admin, kind: RuleKind | None = None,
                  status: ExportStatus = ExportStatus.ACTIVE,
                  scope: Annotated[str | None, Query(max_length=256)] = None) -> Response:

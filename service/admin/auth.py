@@ -22,10 +22,12 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from fastapi import Request
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials
 
 from service.access import bearer_token, matching
 from service.access import digest as _digest
+from service.api.schema import ADMIN_TOKEN
 from service.errors import Forbidden, NotFound
 from service.settings import Settings
 
@@ -99,8 +101,9 @@ class AdminTokens:
         return bool(self._digests)
 
 
-def require_admin(request: Request) -> str:
-    """FastAPI dependency: the owner label of a valid admin token (401 none, 403 wrong)."""
+def require_admin(request: Request, _documented: HTTPAuthorizationCredentials | None = Security(ADMIN_TOKEN)) -> str:
+    """FastAPI dependency: the owner label of a valid admin token (401 none, 403 wrong).
+    `_documented` only puts the scheme into OpenAPI; the header is read here."""
     tokens: AdminTokens = request.app.state.admin_tokens
     if not tokens:
         raise NotFound("the admin API is disabled (FAULTLINE_ADMIN_ENABLED=false)")

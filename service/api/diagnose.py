@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from service.api.schema import DIAGNOSE_ERRORS
 from fastapi import APIRouter, Header, Query, Request
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
@@ -16,7 +17,7 @@ from rules.job import JobMeta, JobRun
 from service.ingest.lines import check_content_length
 from service.ingest.upload import feed_multipart, feed_plain
 
-router = APIRouter()
+router = APIRouter(responses=DIAGNOSE_ERRORS)
 
 _TEXT_TYPES = ("text/plain", "text/x-log", "application/octet-stream", "application/gzip", "application/x-gzip")
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -12,7 +15,17 @@ from service.deps import ContextDep
 router = APIRouter()
 
 
-@router.get("/healthz")
+class Health(BaseModel):
+    status: Literal["ok", "unhealthy"]
+    database: str
+    """`ok`, or the kind of error the database check met."""
+    backend: str
+    rules_version: int | None = None
+    failure_agent: Literal["ready", "loading", "on first use", "off"] | None = None
+
+
+@router.get("/healthz", response_model=Health, responses={503: {"model": Health, "description": (
+    "The database cannot be reached; `database` names the kind of error.")}})
 def healthz(ctx: ContextDep, request: Request) -> JSONResponse:
     """Health of the service and its database: 503 while the database cannot be reached.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from service.api.schema import JOB_ERRORS
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -16,7 +17,7 @@ from service.ingest.lines import LineDecoder, check_content_length
 from service.live.ledger import ChunkRef, checksum
 from service.store.models import Job
 
-router = APIRouter()
+router = APIRouter(responses=JOB_ERRORS)
 
 """Seconds since the sidecar read the chunk: a resend after an outage keeps its real time."""
 
