@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 from python_multipart import MultipartParser
+from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import parse_options_header
 from starlette.concurrency import run_in_threadpool
 
@@ -90,17 +91,29 @@ async def feed_multipart(run: JobRun, body: AsyncIterator[bytes], content_type: 
     limit = _Limit(max_bytes)
     async for chunk in body:
         limit.add(len(chunk))
-        parser.write(chunk)
+        _write(parser, chunk)
         for feeder in state.take_ready():
             await run_in_threadpool(feeder.flush)
         for feeder in state.take_finished():
             await run_in_threadpool(feeder.finish)
-    parser.finalize()
+    _write(parser, None)
     for feeder in state.take_finished():
         await run_in_threadpool(feeder.finish)
     if not state.files:
         raise BadInput("multipart body holds no file part")
     return state.files
+
+
+def _write(parser: MultipartParser, chunk: bytes | None) -> None:
+    """One chunk into the parser (None: the end); a malformed part (a control character in a
+    part's header, a broken boundary) is the client's error, 400, never a 500."""
+    try:
+        if chunk is None:
+            parser.finalize()
+        else:
+            parser.write(chunk)
+    except MultipartParseError as exc:
+        raise BadInput(f"malformed multipart body: {exc}") from None
 
 
 class _MultipartState:
