@@ -28,6 +28,7 @@ from service.api import diagnose
 from service.api import health
 from service.api import jobs
 from service.api import metrics
+from service.api import shippers
 from service.settings import Settings, load_settings
 from service.threads import in_thread
 
@@ -152,6 +153,6 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error(exc.status_code, str(exc.detail))
 
-    for module in (health, diagnose, jobs, metrics, admin, admin_web):
+    for module in (health, diagnose, jobs, shippers, metrics, admin, admin_web):
         app.include_router(module.router)
     return app

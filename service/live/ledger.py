@@ -78,9 +78,19 @@ def look_up(session: Session, job_id: str, chunk: ChunkRef) -> tuple[JobSource |
     row = session.get(JobSource, (job_id, chunk.source, chunk.file_id))
     stored = None
     if row is not None and chunk.offset < row.next_offset:
-        found = session.get(Chunk, (job_id, chunk.source, chunk.file_id, chunk.offset))
-        stored = (found.length, found.checksum) if found is not None else None
+        stored = stored_chunk(session, job_id, chunk.source, chunk.file_id, chunk.offset)
     return row, stored
+
+
+def files_of(session: Session, job_id: str, source: str) -> list[JobSource]:
+    """The physical files of one source that the ledger holds."""
+    return list(session.scalars(select(JobSource).where(JobSource.job_id == job_id, JobSource.source == source)))
+
+
+def stored_chunk(session: Session, job_id: str, source: str, file_id: str, offset: int) -> tuple[int, str] | None:
+    """(length, checksum) of the chunk remembered at `offset` of the file, if any."""
+    found = session.get(Chunk, (job_id, source, file_id, offset))
+    return (found.length, found.checksum) if found is not None else None
 
 
 def record(session: Session, job_id: str, chunk: ChunkRef, *, lines: int, body: bytes) -> JobSource:
