@@ -55,10 +55,10 @@ class _Raced(Exception):
 
 
 def _ts(value: datetime | None) -> float | None:
-    """Epoch seconds; SQLite hands naive datetimes back, all stored in UTC."""
+    """Epoch seconds (the store reads times back as aware UTC datetimes)."""
     if value is None:
         return None
-    return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+    return value.timestamp()
 
 
 def _dt(seconds: float) -> datetime:

@@ -91,8 +91,7 @@ def file_state(session: Session, job_id: str, source: str) -> FileState:
     if not rows:
         return FileState(file_id(0), None, 0.0, 0)
     newest = max(rows, key=lambda row: int(row.file_id.split(":", 1)[1]))
-    updated = newest.updated_at if newest.updated_at.tzinfo else newest.updated_at.replace(tzinfo=UTC)
-    return FileState(newest.file_id, newest.next_offset, (datetime.now(UTC) - updated).total_seconds(),
+    return FileState(newest.file_id, newest.next_offset, (datetime.now(UTC) - newest.updated_at).total_seconds(),
                      int(newest.file_id.split(":", 1)[1]))
 
 

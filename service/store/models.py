@@ -6,7 +6,27 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy.types import TypeDecorator
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator):
+    """A time stored in UTC and read back as an aware UTC datetime on every backend: SQLite
+    hands back naive values and PostgreSQL converts to the session's time zone, so the API's
+    times would otherwise come with an offset on one database and without on the other."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, _dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, _dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def utcnow() -> datetime:
@@ -27,11 +47,11 @@ class Job(Base):
     tags: Mapped[list[Any]] = mapped_column(default=list)
     status: Mapped[str] = mapped_column(String(16), default="running", index=True)
     live: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    last_output_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    last_progress_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_output_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     lines_received: Mapped[int] = mapped_column(BigInteger, default=0)
     bytes_received: Mapped[int] = mapped_column(BigInteger, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -74,7 +94,7 @@ class Chunk(Base):
     """File bytes the chunk covers (the body may be shorter: cut long lines)."""
     lines: Mapped[int] = mapped_column(Integer)
     checksum: Mapped[str] = mapped_column(String(64), default="")
-    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class RuleRow(Base):
@@ -101,8 +121,8 @@ class RuleRow(Base):
     hits: Mapped[int] = mapped_column(BigInteger, default=0)
     version: Mapped[int] = mapped_column(Integer, default=1)
     review_note: Mapped[str] = mapped_column(Text, default="")
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
 
 class RuleVersion(Base):
@@ -114,14 +134,14 @@ class RuleVersion(Base):
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
     changed_by: Mapped[str] = mapped_column(String(128), default="")
     change: Mapped[str] = mapped_column(String(32))
-    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class AuditEntry(Base):
     __tablename__ = "audit_log"
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
     actor: Mapped[str] = mapped_column(String(128))
     action: Mapped[str] = mapped_column(String(64))
     target: Mapped[str] = mapped_column(String(256), default="")
@@ -147,7 +167,7 @@ class Incident(Base):
     embedding: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     """float32 vector of the text, so a replica rebuilds its index without re-embedding."""
     embedding_model: Mapped[str] = mapped_column(String(128), default="")
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class Counter(Base):
@@ -174,7 +194,7 @@ class JobState(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     version: Mapped[int] = mapped_column(Integer, default=0)
     blob: Mapped[bytes] = mapped_column(LargeBinary)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
 
 class JobSource(Base):
@@ -194,7 +214,7 @@ class JobSource(Base):
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     crc32: Mapped[int] = mapped_column(BigInteger, default=0)
     chunks: Mapped[int] = mapped_column(Integer, default=0)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
 
 class Notification(Base):
@@ -210,7 +230,7 @@ class Notification(Base):
     status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     """`pending`, `delivered` or `failed` (gave up after the last attempt)."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     last_error: Mapped[str] = mapped_column(Text, default="")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+from datetime import datetime, timedelta
 
 import httpx
 import pytest
@@ -140,3 +141,18 @@ def test_a_declared_length_past_the_limit_is_refused_on_both_routes_before_readi
                       f"Content-Length: 5000000000\r\nConnection: close\r\n\r\nabc\n".encode())
             reply = s.recv(4096).decode("latin-1")
         assert reply.startswith("HTTP/1.1 413"), (path, reply[:200])
+
+
+def test_every_time_the_api_gives_is_utc_with_its_offset(server: str) -> None:
+    # SQLite read times back without a zone: POST /jobs said +00:00, GET /jobs/{id} nothing
+    created = httpx.post(f"{server}/jobs", json={"name": "gpt-1b-times"}, timeout=10).json()
+    httpx.post(f"{server}/jobs/{created['id']}/logs", params={"source": "rank0.log", "offset": 0},
+               content=b"step 1 loss 2.5\n", timeout=30).raise_for_status()
+    read = httpx.get(f"{server}/jobs/{created['id']}", timeout=10).json()
+    listed = httpx.get(f"{server}/jobs", params={"name": "gpt-1b-times"}, timeout=10).json()["data"][0]
+    finished = httpx.post(f"{server}/jobs/{created['id']}/finish", json={"exit_code": 0}, timeout=30).json()
+    for view in (created, read, listed, finished):
+        times = {k: v for k, v in view.items() if k.endswith("_at") and v is not None}
+        assert "created_at" in times
+        for key, value in times.items():
+            assert datetime.fromisoformat(value).utcoffset() == timedelta(0), (key, value)
