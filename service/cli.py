@@ -368,6 +368,11 @@ def cmd_serve(args: argparse.Namespace, _out: TextIO) -> int:
         raise ConfigError(f"--host {args.host} is reachable from other machines and FAULTLINE_API_TOKENS is not set: "
                           "anyone could read and write jobs. Set FAULTLINE_API_TOKENS (name:scopes:token,...) "
                           "or pass --insecure")
+    # the database first, here: unreachable, it is one line and exit 2 after the retries,
+    # not a traceback from each worker's start-up
+    from service.store.db import open_database
+
+    open_database(settings).close()
     if args.workers > 1:
         import shutil
         import tempfile

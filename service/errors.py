@@ -49,6 +49,12 @@ class Busy(FaultlineError):
     headers = {"Retry-After": "1"}
 
 
+class DatabaseUnavailable(FaultlineError):
+    """The database could not be reached at start, after retrying."""
+
+    status_code = 503
+
+
 class ConfigError(FaultlineError):
     """A setting is missing or unsafe; the service refuses to start."""
 

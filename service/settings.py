@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     db_max_overflow: int = Field(default=20, ge=0)
     db_pool_timeout_s: float = Field(default=10.0, gt=0)
     db_connect_timeout_s: int = Field(default=5, ge=1)
+    db_start_wait_s: float = Field(default=60.0, ge=0)
+    """How long start-up waits for a database it cannot reach (a PostgreSQL that starts with
+    the service, a network still coming up), retrying with backoff, before it gives up."""
 
     llm_base_url: str = ""
     """An OpenAI-compatible endpoint (vLLM, Ollama, llama.cpp, OpenAI); empty: embedded agents."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -12,10 +13,16 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from service.errors import DatabaseUnavailable
 
 if TYPE_CHECKING:
     from service.settings import Settings
+
+log = logging.getLogger("faultline.database")
 
 
 @dataclass(frozen=True)
@@ -114,12 +121,34 @@ def open_database(settings: Settings) -> Database:
     db = Database(settings.database_url, pool=PoolOptions(
         size=settings.db_pool_size, max_overflow=settings.db_max_overflow,
         timeout_s=settings.db_pool_timeout_s, connect_timeout_s=settings.db_connect_timeout_s))
+    where = make_url(db.url).render_as_string(hide_password=True)
+
+    def say_why(attempt: RetryCallState) -> None:
+        log.warning("the database at %s cannot be reached (%s); retrying in %.0f s", where,
+                    _first_line(attempt.outcome.exception()), attempt.next_action.sleep)
+
     try:
-        if settings.db_auto_upgrade:
-            db.create_schema()
-        else:
-            db.require_current_schema()
+        # a SQLite file that cannot be opened will not open later: only a server is waited for
+        wait_s = settings.db_start_wait_s if db.backend != "sqlite" else 0
+        for attempt in Retrying(retry=retry_if_exception_type(OperationalError), reraise=True,
+                                stop=stop_after_delay(wait_s),
+                                wait=wait_exponential(multiplier=1, min=1, max=10), before_sleep=say_why):
+            with attempt:
+                if settings.db_auto_upgrade:
+                    db.create_schema()
+                else:
+                    db.require_current_schema()
+    except OperationalError as exc:
+        db.close()
+        waited = f" after {wait_s:.0f} s of retrying" if wait_s else ""
+        raise DatabaseUnavailable(f"the database at {where} cannot be reached{waited}: {_first_line(exc)}") from None
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _first_line(exc: BaseException | None) -> str:
+    """The driver's own words (`connection refused`), without SQLAlchemy's statement and link."""
+    cause = getattr(exc, "orig", None) or exc
+    return str(cause).strip().splitlines()[0][:300] if cause is not None else "unknown error"

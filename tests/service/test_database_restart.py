@@ -6,6 +6,7 @@ load benchmark in small, uploads and live sidecars together across a restart."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 
 import httpx
@@ -14,6 +15,7 @@ import pytest
 from service.settings import Settings
 from tests.service.test_http import LOG, ROOT_LINE
 from tests.support import databases, postgres_cluster
+from tests.support.processes import ROOT
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.postgres
@@ -100,3 +102,51 @@ def test_uploads_and_live_sidecars_ride_out_a_database_restart(tmp_path) -> None
         (1, "failed", "ecc_error"), (1, "failed", "out_of_memory")]
     assert live["diagnosis_same_as_quiet"] == 2 and not live["sidecar_unexpected_messages"]
     assert code == 0
+
+
+def test_a_service_started_before_its_database_waits_for_it(cluster, tmp_path) -> None:
+    """`faultline serve` while PostgreSQL is still down: one line per retry (no traceback), and
+    it serves once the database is up; with the database down for good, one error line and
+    exit 2 after FAULTLINE_DB_START_WAIT_S."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.support.server import free_port
+
+    url = cluster.create_database("late")
+    cluster.stop("fast")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
+    env.update(FAULTLINE_DATABASE_URL=url, FAULTLINE_ADMIN_ENABLED="false", FAULTLINE_DATA_DIR=str(tmp_path),
+               FAULTLINE_PRELOAD_FAILURE_AGENT="false", FAULTLINE_DB_START_WAIT_S="120", PYTHONPATH=str(ROOT))
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
+                                   "--port", str(port)], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while "cannot be reached" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            cluster.start()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.2)
+            assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json()["database"] == "ok"
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    said = log.read_text()
+    assert "cannot be reached" in said and "Traceback" not in said
+
+    cluster.stop("fast")
+    env["FAULTLINE_DB_START_WAIT_S"] = "2"
+    done = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--port", str(port)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("faultline: error: the database at ")
+    assert "cannot be reached after 2 s" in done.stderr
