@@ -139,3 +139,14 @@ def test_the_documented_llm_url_points_at_the_llm_service() -> None:
     for url in urls:
         assert urlparse(url).hostname == "llm" and urlparse(url).path == "/v1"
         Settings(llm_base_url=url, llm_model="qwen2.5:7b-instruct", admin_enabled=False, database_url="sqlite://")
+
+
+def test_only_services_that_serve_keep_the_images_healthcheck() -> None:
+    # the image's HEALTHCHECK asks /healthz on 127.0.0.1: a sidecar or a one-shot built from
+    # it would be marked unhealthy for ever
+    assert "HEALTHCHECK" in DOCKERFILE
+    for name, service in COMPOSE["services"].items():
+        if service.get("build") is None:
+            continue
+        serves = service["command"][:2] == ["faultline", "serve"]
+        assert serves != service.get("healthcheck", {}).get("disable", False), name
