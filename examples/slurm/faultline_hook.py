@@ -16,12 +16,16 @@ What it does with a notification (see the service's service/live/notify.py for t
 - `restart` (a hang, a transient network or storage error): requeue the job.
 - `rollback_and_skip` (a loss spike): nothing automatic; the message says which checkpoint
   to go back to and which steps to skip.
-Each delivery is handled once (`X-Faultline-Delivery`); a bad signature gets 401.
+Each delivery is checked the Standard Webhooks way (the service signs `webhook-id`,
+`webhook-timestamp` and the body): a bad signature, or one sent more than five minutes ago (a
+captured delivery replayed), gets 401; a repeat of a `webhook-id` already handled (a retry whose
+answer was lost) is acknowledged and ignored.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import hmac
 import json
@@ -29,6 +33,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SLURM_KEY = re.compile(r"^slurm-(\d+(?:_\d+)?)$")
@@ -36,9 +41,19 @@ NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 """Node names from a log are untrusted text: only plain host names reach scontrol."""
 
 
-def verify(secret: bytes, body: bytes, header: str | None) -> bool:
-    expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
-    return header is not None and hmac.compare_digest(expected, header)
+TOLERANCE_S = 300
+
+
+def verify(secret: bytes, body: bytes, headers) -> str | None:
+    """The delivery's id when its Standard Webhooks signature is right and recent, else None."""
+    message_id, stamp, signatures = (headers.get(h) for h in ("webhook-id", "webhook-timestamp", "webhook-signature"))
+    if not (message_id and stamp and signatures and stamp.isdigit()):
+        return None
+    if abs(time.time() - int(stamp)) > TOLERANCE_S:
+        return None
+    digest = hmac.new(secret, f"{message_id}.{stamp}.".encode() + body, hashlib.sha256).digest()
+    expected = "v1," + base64.b64encode(digest).decode()
+    return message_id if any(hmac.compare_digest(expected, s) for s in signatures.split()) else None
 
 
 def commands(payload: dict) -> list[list[str]]:
@@ -66,10 +81,10 @@ class Hook(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - the http.server API
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        if not verify(self.secret, body, self.headers.get("X-Faultline-Signature")):
+        delivery = verify(self.secret, body, self.headers)
+        if delivery is None:
             self._reply(401)
             return
-        delivery = self.headers.get("X-Faultline-Delivery", "")
         if delivery in self.seen:
             self._reply(200)  # a repeat (our answer was lost): already handled
             return

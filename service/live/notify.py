@@ -8,9 +8,14 @@ retried with exponential backoff up to FAULTLINE_WEBHOOK_MAX_ATTEMPTS.
 With FAULTLINE_SLACK_WEBHOOK_URL, each notification is also a chat message (service.live.slack),
 a delivery of its own in the outbox (payload `"target": "slack"`), retried on its own.
 
-The receiver checks `X-Faultline-Signature: sha256=<hex>`, the HMAC-SHA256 of the raw body
-keyed with FAULTLINE_WEBHOOK_SECRET (as GitHub signs its webhooks), and may use
-`X-Faultline-Delivery` to drop a repeat: a delivery whose answer was lost is sent again.
+Each delivery is signed the Standard Webhooks way (standardwebhooks.com): `webhook-id` (the
+same on every retry of one notification, so a receiver drops a repeat whose answer was lost),
+`webhook-timestamp` (when this attempt was sent: a receiver refuses one older than a few
+minutes, so a captured delivery cannot be replayed later) and `webhook-signature: v1,<base64
+HMAC-SHA256 of "id.timestamp.body">` keyed with FAULTLINE_WEBHOOK_SECRET's bytes (a Standard
+Webhooks library verifies it with the secret "whsec_" + base64(secret)). The older
+`X-Faultline-Signature: sha256=<hex>` (HMAC of the body alone, as GitHub signs) and
+`X-Faultline-Delivery` are still sent for receivers written against them.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import hmac
 import json
 import logging
 import random
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 from sqlalchemy import select, update
+from standardwebhooks import Webhook
 from sqlalchemy.orm import Session
 
 from rules.taxonomy import JobStatus
@@ -53,6 +59,17 @@ def sign(secret: bytes, body: bytes) -> str:
 def verify(secret: bytes, body: bytes, header: str | None) -> bool:
     """For receivers (and the examples): constant-time check of the signature header."""
     return header is not None and hmac.compare_digest(sign(secret, body), header)
+
+
+def standard_headers(secret: bytes, message_id: str, body: bytes, now: datetime | None = None) -> dict[str, str]:
+    """The Standard Webhooks headers of one attempt to deliver `body`."""
+    when = now or datetime.now(UTC)
+    return {"webhook-id": message_id, "webhook-timestamp": str(int(when.timestamp())),
+            "webhook-signature": Webhook(secret).sign(message_id, when, body.decode())}
+
+
+def message_id(nid: int) -> str:
+    return f"faultline-{nid}"
 
 
 def event_for(diagnosis: dict[str, Any] | None) -> str | None:
@@ -186,7 +203,8 @@ class Deliverer:
             url = self.settings.webhook_url
             raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
             headers = {"Content-Type": "application/json", EVENT_HEADER: event, DELIVERY_HEADER: str(nid),
-                       SIGNATURE_HEADER: sign(self.secret, raw), "User-Agent": "faultline-webhook/1"}
+                       SIGNATURE_HEADER: sign(self.secret, raw), "User-Agent": "faultline-webhook/1",
+                       **standard_headers(self.secret, message_id(nid), raw)}
         if not url:
             return "no URL configured for this target any more"
         try:

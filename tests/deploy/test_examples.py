@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -20,7 +21,7 @@ import yaml
 
 from service.cli import _parser, split_command
 from service.store.models import Job
-from service.live.notify import payload, sign
+from service.live.notify import payload, sign, standard_headers
 from service.settings import Settings
 from tests.support.server import free_port
 
@@ -140,8 +141,12 @@ def test_the_slurm_hook_drains_the_suspect_nodes_and_requeues(hook) -> None:
                                 "line": "CUDA error: uncorrectable ECC error encountered"}, "mitigation": ""}
     body = json.dumps(payload(job, diagnosis, "failed", final=False)).encode()
     secret = b"whsec-slurm-hook-test-1"
-    assert httpx.post(url, content=body, headers={"X-Faultline-Signature": sign(b"wrong", body)}).status_code == 401
-    headers = {"X-Faultline-Signature": sign(secret, body), "X-Faultline-Delivery": "17"}
+    assert httpx.post(url, content=body, headers=standard_headers(b"wrong", "faultline-17", body)).status_code == 401
+    old = datetime.now(UTC) - timedelta(minutes=10)  # a captured delivery, replayed later
+    assert httpx.post(url, content=body, headers=standard_headers(secret, "faultline-16", body, old)).status_code == 401
+    # the service's older header alone is not enough: it has no time to refuse a replay by
+    assert httpx.post(url, content=body, headers={"X-Faultline-Signature": sign(secret, body)}).status_code == 401
+    headers = standard_headers(secret, "faultline-17", body)
     assert httpx.post(url, content=body, headers=headers).status_code == 200
     assert httpx.post(url, content=body, headers=headers).status_code == 200, "a repeat is acknowledged"
     lines = [proc.stdout.readline().strip() for _ in range(2)]

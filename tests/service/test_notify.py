@@ -5,11 +5,13 @@ and carry the action and the nodes to cordon. Stalls reach the hook through the 
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from standardwebhooks import Webhook
 
 from service.store.db import Database
 from service.errors import ConfigError
@@ -62,6 +64,11 @@ def test_a_failure_is_notified_while_the_job_runs_retried_and_signed(tmp_path: P
         assert len({d.headers["X-Faultline-Delivery"] for d in seen}) == 1, "one delivery, three attempts"
         for delivery in seen:
             assert verify(SECRET.encode(), delivery.body, delivery.headers["X-Faultline-Signature"])
+            # what a receiver using a Standard Webhooks library checks (the library refuses a
+            # timestamp more than five minutes off: a replay later on fails)
+            standard = Webhook("whsec_" + base64.b64encode(SECRET.encode()).decode())
+            assert standard.verify(delivery.body, dict(delivery.headers))["job"]["id"] == job.id
+        assert len({d.headers["webhook-id"] for d in seen}) == 1, "a retry keeps its id: the receiver drops repeats"
         payload = seen[-1].json
         assert payload["event"] == "failed" and payload["final"] is False
         assert payload["job"]["id"] == job.id and payload["job"]["status"] == "failed"
