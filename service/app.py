@@ -89,7 +89,14 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
         outbox = Outbox(settings)
         outbox.attach(asyncio.get_running_loop())
         app.state.live = live = LiveJobs(ctx, outbox)
-        tasks = [asyncio.create_task(_every(settings.hang_check_interval_s, live.sweep), name="stall-sweep")]
+        app.state.health = probe = health.HealthProbe()
+        await in_thread(probe.check, ctx)  # /healthz answers from the first request on
+
+        def check_health() -> None:
+            probe.check(ctx)
+
+        tasks = [asyncio.create_task(_every(settings.hang_check_interval_s, live.sweep), name="stall-sweep"),
+                 asyncio.create_task(_every(health.PROBE_INTERVAL_S, check_health), name="health-probe")]
         warming = None
         if ctx.failure_agent is not None and settings.preload_failure_agent:
             # in a thread: the model's load is CPU work; a request that needs the agent

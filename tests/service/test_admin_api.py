@@ -17,7 +17,7 @@ from fixtures.logs.unknown_formats import helix_log
 from service.app import create_app
 from service.errors import ConfigError
 from service.settings import Settings
-from tests.support.server import running_server
+from tests.support.server import health_when, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "adm-3f9c1e7a5b2d8046"
@@ -422,4 +422,4 @@ def test_healthz_reports_the_rules_a_replica_applies_even_before_its_next_diagno
         r = admin(a, "POST", "/admin/rules/import", params={"status": "active"},
                   content=yaml.safe_dump({"rules": [FABRIC_RULE]}))
         assert r.status_code == 200 and r.json()["created"] == [FABRIC_RULE["id"]], r.text
-        assert httpx.get(f"{b}/healthz", timeout=10).json()["rules_version"] > before
+        assert health_when(b, lambda r: r.json()["rules_version"] > before, timeout_s=10).json()["rules_version"] > before

@@ -19,6 +19,7 @@ from service.store.models import Job, KeptLineRow
 from tests.service.test_http import LOG, ROOT_LINE
 from tests.support.databases import new_database
 from tests.support.processes import serve_process
+from tests.support.server import health_when
 
 TOKEN = "replica-admin-7c1f3e9a2b5d"
 STORAGE_LINE = "[rank5]: helixfs.BucketGoneError: object store bucket 'ckpt-7b' answered 410 for shard 00017"
@@ -74,7 +75,7 @@ def test_a_rule_approved_on_one_replica_is_in_force_on_every_worker_of_the_other
     after = [diagnose(a, STORAGE_LOG).json() for _ in range(8)]
     assert {d["root_cause"]["source"] for d in after} == {f"rule:{STORAGE_RULE['id']}"}
     assert {d["root_cause"]["line"] for d in after} == {STORAGE_LINE}
-    assert httpx.get(f"{a}/healthz", timeout=10).json()["rules_version"] > version
+    assert health_when(a, lambda r: r.json()["rules_version"] > version, timeout_s=10).json()["rules_version"] > version
 
 
 def test_concurrent_uploads_to_both_replicas_are_each_stored_once(replicas) -> None:

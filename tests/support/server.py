@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import httpx
@@ -103,3 +103,18 @@ class ServerProcess:
 
     def __exit__(self, *_exc: object) -> None:
         self.kill()
+
+
+def health_when(url: str, wanted: Callable[[httpx.Response], bool], *, timeout_s: float = 30.0) -> httpx.Response:
+    """/healthz once it says what `wanted` checks: it answers from a probe that runs every
+    second (service/api/health.py), so a change shows within a second or two."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            r = httpx.get(f"{url}/healthz", timeout=5)
+            if wanted(r) or time.monotonic() > deadline:
+                return r
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
