@@ -15,7 +15,6 @@ replicas sweeping at once one wins and one notification goes out.
 from __future__ import annotations
 
 import pickle
-import random
 import threading
 import time
 import zlib
@@ -28,6 +27,7 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from rules.attempts import apply_budget
 from rules.hang import Silence, report_periods, silence
@@ -180,14 +180,29 @@ class LiveJobs:
         buffer, lines = whole_lines(body)
         observed = self.clock() - min(max(read_age_s, 0.0), MAX_READ_AGE_S)
         with self._lock(job_id):
-            for attempt in range(MAX_ATTEMPTS):
-                try:
+            for attempt in self._races(job_id, counted=True):
+                with attempt:
                     return self._append_once(job_id, chunk, body, buffer, lines, observed)
-                except (_Raced, IntegrityError):
-                    self.cache.evict(job_id)
-                    self.ctx.metrics.live_chunks.labels("raced").inc()
-                    time.sleep(random.uniform(0, min(0.02 * 2 ** attempt, 0.5)))
-        raise Busy(f"job {job_id} is being appended to from elsewhere; retry")
+        raise AssertionError("unreachable: _races returns or raises")
+
+    def _races(self, job_id: str, *, counted: bool) -> Retrying:
+        """Attempts at a change of the job's state that another append may beat (its state
+        version moved on, or it inserted the same row first): each lost race starts again
+        from the winner's state after a random pause that grows (full jitter), and after
+        MAX_ATTEMPTS the client is told to retry (503)."""
+
+        def lost(_state: RetryCallState) -> None:
+            self.cache.evict(job_id)
+            if counted:
+                self.ctx.metrics.live_chunks.labels("raced").inc()
+
+        def give_up(state: RetryCallState) -> None:
+            lost(state)
+            raise Busy(f"job {job_id} is being appended to from elsewhere; retry")
+
+        return Retrying(retry=retry_if_exception_type((_Raced, IntegrityError)), stop=stop_after_attempt(MAX_ATTEMPTS),
+                        wait=wait_random_exponential(multiplier=0.02, max=0.5), before_sleep=lost,
+                        retry_error_callback=give_up)
 
     def _append_once(self, job_id: str, chunk: ChunkRef, body: bytes, buffer: bytes, lines: int,
                      observed: float) -> dict[str, Any]:
@@ -377,13 +392,10 @@ class LiveJobs:
     def finish(self, job_id: str, exit_code: int | None) -> Job:
         """The final diagnosis (agents included) and the exit status; repeating it is harmless."""
         with self._lock(job_id):
-            for attempt in range(MAX_ATTEMPTS):
-                try:
+            for attempt in self._races(job_id, counted=False):
+                with attempt:
                     return self._finish_once(job_id, exit_code)
-                except (_Raced, IntegrityError):
-                    self.cache.evict(job_id)
-                    time.sleep(random.uniform(0, min(0.02 * 2 ** attempt, 0.5)))
-        raise Busy(f"job {job_id} is being appended to from elsewhere; retry")
+        raise AssertionError("unreachable: _races returns or raises")
 
     def _finish_once(self, job_id: str, exit_code: int | None) -> Job:
         with self.ctx.db.session() as session:

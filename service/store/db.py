@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,7 +14,16 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+    wait_fixed,
+)
 
 from service.errors import DatabaseUnavailable
 
@@ -75,14 +83,14 @@ def _switch_to_wal(cursor, *, attempts: int = 200, pause_s: float = 0.05) -> Non
     """SQLite answers "database is locked" at once, without waiting out its busy timeout,
     when several connections switch a new file to WAL together (replicas starting at once):
     try again for a while."""
-    for attempt in range(attempts):
-        try:
+    for attempt in Retrying(retry=retry_if_exception(_locked), stop=stop_after_attempt(attempts),
+                            wait=wait_fixed(pause_s), reraise=True):
+        with attempt:
             cursor.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == attempts - 1:
-                raise
-            time.sleep(pause_s)
+
+
+def _locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
 
 class Database:
