@@ -1,8 +1,9 @@
 """The /admin web page: server-rendered (Jinja2, autoescaped), no JavaScript.
 
 Pages: the dashboard (pending rules with their evidence, votes, validation and last dry-run;
-recent jobs with diagnosis, compression, progress and a small loss curve; recent history),
-one rule (versions, audit, edit, dry-run), one job (its kept lines). Every change is a POST
+recent jobs with diagnosis, action, suspect nodes, compression, progress and a small loss
+curve, searchable; recent history), one rule (versions, audit, edit, dry-run), one job (its
+kept lines, and a form to confirm or correct its diagnosis). Every change is a POST
 form with a CSRF token, checked against a signed session cookie (service.admin.auth); a request
 from another origin is refused. All log text is escaped by the templates.
 """
@@ -12,16 +13,23 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlparse
+from urllib.parse import quote, urlencode, urlparse
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
+from sqlalchemy import String, cast, or_, select
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from rules.model import RuleStatus
+from rules.taxonomy import REASONS, Origin
 from service.admin import review
+from service.admin.api import ConfirmBody
 from service.store import jobs as store
+from service.store.incidents import confirm_job as confirm_diagnosis
+from service.store.models import Job
 from service.admin.auth import SESSION_COOKIE, SESSION_TTL_S, AdminTokens, WebSession
 from service.errors import FaultlineError
 
@@ -40,6 +48,7 @@ SECURITY_HEADERS = {
 }
 PENDING_ON_PAGE = 50
 JOBS_ON_PAGE = 20
+MAX_SEARCH_CHARS = 200
 KEPT_LINES_ON_PAGE = 400
 AXIS_LEFT = 56
 AXIS_BOTTOM = 20
@@ -66,8 +75,21 @@ def details(value: Any) -> str:
     return "; ".join(parts)
 
 
+def check(result: Any) -> tuple[bool, str]:
+    """A stored validation result as (passed, what it says). Results are "ok" or "failed:
+    <detail>" (agents.validation) and "ok: <count> confirmed lines" (service.agents.failure)."""
+    text = str(result or "").strip()
+    verdict, _, detail = text.partition(":")
+    if verdict.strip() == "ok":
+        return True, detail.strip()
+    return False, detail.strip() if verdict.strip() == "failed" else text
+
+
 templates.env.filters["when"] = when
 templates.env.filters["details"] = details
+templates.env.filters["check"] = check
+templates.env.globals["reasons"] = sorted(REASONS.values(), key=lambda r: r.id)
+templates.env.globals["origins"] = [o.value for o in Origin]
 
 
 def _tokens(request: Request) -> AdminTokens:
@@ -96,6 +118,8 @@ DONE = {
     "approve": "Approved {rule}: it applies to the next diagnosis.",
     "reject": "Rejected {rule}.",
     "edit": "Saved a new version of {rule}.",
+    "confirm": "Confirmed the diagnosis: it joins the known incidents.",
+    "correct": "Corrected the diagnosis: the correction joins the known incidents.",
 }
 """What the page says after an action. The redirect names the action and the rule, not the
 text: a link with text of its own in the query would put anyone's words on this page."""
@@ -108,7 +132,7 @@ def _back(path: str, action: str, rule_id: str) -> RedirectResponse:
 def _done_message(request: Request) -> str:
     template = DONE.get(request.query_params.get("done", ""))
     rule_id = request.query_params.get("rule", "")
-    if template is None or not review.RULE_ID_RE.fullmatch(rule_id):
+    if template is None or ("{rule}" in template and not review.RULE_ID_RE.fullmatch(rule_id)):
         return ""
     return template.format(rule=rule_id)
 
@@ -180,15 +204,29 @@ def dashboard(request: Request) -> Response:
     if session is None:
         return _to_login()
     ctx = request.app.state.ctx
+    q = request.query_params.get("q", "").strip()[:MAX_SEARCH_CHARS]
     with ctx.db.session() as db:
         rows, pending_total = store.list_rules(db, status=RuleStatus.PENDING.value, limit=PENDING_ON_PAGE)
         pending = [_with_last_dry_run(db, review.rule_summary(r)) for r in rows]
-        jobs = [_job_view(j) for j in store.find_jobs(db, limit=JOBS_ON_PAGE)]
+        jobs = [_job_view(j) for j in search_jobs(db, q, limit=JOBS_ON_PAGE)]
         history, _ = store.audit_entries(db, action="rule.", limit=25)
         counts = review.status_counts(db)
     return _page(request, "dashboard.html", {
-        "pending": pending, "pending_total": pending_total, "jobs": jobs,
+        "pending": pending, "pending_total": pending_total, "jobs": jobs, "q": q, "jobs_limit": JOBS_ON_PAGE,
         "history": [store.audit_to_dict(e) for e in history], "counts": counts}, session=session)
+
+
+def search_jobs(db: Session, text: str, *, limit: int) -> list[Job]:
+    """The newest jobs; with `text`, those whose name, reason, external id or suspect nodes
+    hold it, in any case. The text is a bound parameter with LIKE's wildcards escaped, and
+    the suspect nodes are read as the JSON text of the diagnosis's list, which SQLite and
+    PostgreSQL both give."""
+    query = select(Job).order_by(Job.created_at.desc()).limit(limit)
+    if text:
+        nodes = cast(Job.diagnosis["suspect_nodes"], String)
+        query = query.where(or_(*(column.icontains(text, autoescape=True)
+                                  for column in (Job.name, Job.reason, Job.external_id, nodes))))
+    return list(db.scalars(query))
 
 
 @router.get("/rule/{rule_id}")
@@ -218,6 +256,11 @@ def job_page(request: Request, job_id: str) -> Response:
     session = _session(request)
     if session is None:
         return _to_login()
+    return _job_page(request, session, job_id)
+
+
+def _job_page(request: Request, session: WebSession, job_id: str, *, status: int = 200, error: str = "",
+              form: dict | None = None) -> Response:
     ctx = request.app.state.ctx
     with ctx.db.session() as db:
         job = store.get_job(db, job_id)
@@ -226,7 +269,12 @@ def job_page(request: Request, job_id: str) -> Response:
                          session=session)
         view = _job_view(job, width=720, height=220, axes=True)
         kept = store.kept_lines(db, job_id, limit=KEPT_LINES_ON_PAGE)
-    return _page(request, "job.html", {"job": view, "kept": kept, "limit": KEPT_LINES_ON_PAGE}, session=session)
+        # confirm_job's audit entry says what its meta copy does not: when, and whether it corrected
+        confirmed, _ = store.audit_entries(db, target=job_id, action="job.confirm", limit=1)
+    return _page(request, "job.html", {
+        "job": view, "kept": kept, "limit": KEPT_LINES_ON_PAGE, "error": error, "form": form or {},
+        "confirmed": store.audit_to_dict(confirmed[0]) if confirmed else None},
+                 status=status, session=session)
 
 
 # -- actions ---------------------------------------------------------------------------------------
@@ -288,6 +336,36 @@ async def dry_run(request: Request, rule_id: str) -> Response:
     return _rule_page(request, session, rule_id, dry_run=result, form=form)
 
 
+@router.post("/job/{job_id}/confirm")
+async def confirm_job(request: Request, job_id: str) -> Response:
+    """The page's twin of POST /admin/jobs/{job_id}/confirm: the same body, checked by the
+    same model, and the same function."""
+    session, form, refused = await _form(request)
+    if refused is not None:
+        return refused
+    try:
+        body = ConfirmBody(reason=form.get("reason") or None, origin=form.get("origin") or None,
+                           note=form.get("note", "").strip())
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return _job_page(request, session, job_id, status=422, error=problems, form=form)
+    ctx = request.app.state.ctx
+
+    def run() -> None:
+        with ctx.db.session() as db:
+            confirm_diagnosis(db, job_id, actor=session.label, reason_id=body.reason, origin=body.origin,
+                              note=body.note)
+
+    try:
+        await run_in_threadpool(run)
+    except FaultlineError as exc:
+        return _job_page(request, session, job_id, status=exc.status_code, error=str(exc), form=form)
+    ctx.metrics.admin_action("confirm")
+    done = "correct" if body.reason or body.origin else "confirm"
+    return RedirectResponse(f"/admin/job/{quote(job_id, safe='')}?{urlencode({'done': done})}",
+                            status_code=303)
+
+
 async def _act(request: Request, session: WebSession, rule_id: str, action: str, fn,
                form: dict[str, str]) -> Response:
     ctx = request.app.state.ctx
@@ -322,6 +400,7 @@ def _job_view(job, *, width: int = 160, height: int = 36, axes: bool = False) ->
         "mitigation": diagnosis.get("mitigation"), "progress": diagnosis.get("progress") or {},
         "lines_in": lines_in, "lines_kept": kept,
         "kept_share": f"{kept / lines_in:.1%}" if lines_in else "-",
+        "suspect_nodes": list(diagnosis.get("suspect_nodes") or []),
         "other_errors": diagnosis.get("other_errors") or [], "filtered": (diagnosis.get("filtered") or [])[:20],
         "curve": loss_polyline((job.meta or {}).get("loss_curve") or [], width, height, axes=axes),
         "width": width, "height": height,

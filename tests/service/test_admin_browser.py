@@ -5,7 +5,10 @@ A person's path through the page: sign in with the token, see the rules the Log 
 suggested for a log in a format no built-in pack knows, dry-run one, approve one by
 clicking, and see the next diagnosis use it (in the JSON of POST /diagnose and on the new
 job's page). Log text holding markup renders as text and runs nothing; a form posted from
-another origin is refused; long log lines do not push the page sideways.
+another origin is refused; long log lines do not push the page sideways. A rule's checks
+read as stored ("ok: 122 confirmed lines" is a pass that says so); the job list shows each
+job's action and suspect nodes and finds jobs by a search; a job's diagnosis is corrected
+by clicking, and the admin API's audit log and the job page both show the correction.
 
 Screenshots of the dashboard, a rule page with its dry-run and a job page with its loss
 curve are taken every run; with SCREENSHOTS_DIR set (`make screenshots`) they are kept
@@ -25,6 +28,7 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -33,6 +37,8 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from fixtures.logs.unknown_formats import helix_log
 from service.settings import Settings
+from service.store import jobs as store
+from service.store.db import Database
 from tests.support.server import free_port, running_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -91,6 +97,9 @@ DATA_JOB = "".join(ITERATION.format(minute=s // 10, step=s, samples=s * 1008, lo
     f"exceeded with url: {SHARD_URL} (Caused by NewConnectionError('<urllib3.connection.HTTPSConnection object at "
     "0x7f3a2c1e9b50>: Failed to establish a new connection: [Errno 111] Connection refused'))"))
 DATA_JOB_NAME = "llama3-8b-sft-20250402-77e1a0"
+ECC_NAME = "helix-13b-pretrain-20250212-9f3e21"
+ECC_NODE = "trn-b05"
+"""The node the helix log's uncorrectable ECC error names."""
 
 
 def helix(seed: int, failure: str | None = "keyerror") -> str:
@@ -110,12 +119,17 @@ def api(site: str, method: str, path: str, **kwargs) -> httpx.Response:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Iterator[str]:
+def settings(tmp_path_factory) -> Settings:
+    return Settings(data_dir=tmp_path_factory.mktemp("browser-data"), admin_token=TOKEN)
+
+
+@pytest.fixture(scope="module")
+def site(settings: Settings) -> Iterator[str]:
     """A server whose store holds a helix job (the Log Agent's pending rules), a second
     helix job that died of an ECC error, and the two Megatron jobs above."""
-    with running_server(Settings(data_dir=tmp_path_factory.mktemp("browser-data"), admin_token=TOKEN)) as url:
+    with running_server(settings) as url:
         diagnose(url, helix(61))
-        diagnose(url, helix(62, failure="ecc"), job_name="helix-13b-pretrain-20250212-9f3e21")
+        diagnose(url, helix(62, failure="ecc"), job_name=ECC_NAME)
         diagnose(url, DATA_JOB, job_name=DATA_JOB_NAME, framework="megatron")
         diagnose(url, MEGATRON, job_name=MEGATRON_NAME, framework="megatron")
         yield url
@@ -319,3 +333,102 @@ def test_job_page_shows_the_loss_curve_and_long_lines_stay_inside(page: Page, tm
         for path in ("/admin", megatron_job, data_job):
             page.goto(path)
             assert no_horizontal_overflow(page), (width, path)
+
+
+def test_a_check_that_passed_with_a_count_shows_as_a_pass_saying_it(page: Page, site: str,
+                                                                     settings: Settings) -> None:
+    # the Failure Agent stores its own checks as "ok: <count> ..." (service/agents/failure.py);
+    # the rule is dated long ago so it sorts last among the pending ones the other tests use
+    rule_id = "failure_agent.ecc-checks-shown"
+    database = Database(settings.database_url)
+    try:
+        with database.session() as db:
+            store.add_rule(db, actor="failure_agent", id=rule_id, kind="diagnosis", source="failure_agent",
+                           scope="global", patterns=[r"ECC uncorrectable error on GPU (?P<gpu>\d+)"],
+                           reason="ecc_error", tier="cause", origin="infrastructure",
+                           action="cordon_and_restart", created_at=datetime(2001, 1, 1, tzinfo=UTC),
+                           provenance={"evidence": ["ECC uncorrectable error on GPU 3"], "validation": {
+                               "syntax": "ok", "claims": "ok", "history": "ok: 122 confirmed lines",
+                               "jobs": "ok: 7 confirmed jobs", "this_case": "ok"}})
+    finally:
+        database.close()
+    try:
+        sign_in(page)
+        checks = page.locator(f"section[id='rule-{rule_id}'] .checks")
+        expect(checks.locator("> span.ok")).to_have_count(5)
+        expect(checks.locator("> span.bad")).to_have_count(0)
+        passed = checks.locator("> span.ok")
+        expect(passed.filter(has_text="history")).to_contain_text("✓ history (122 confirmed lines)")
+        expect(passed.filter(has_text="jobs")).to_have_attribute("title", "jobs: ok: 7 confirmed jobs")
+        page.goto(f"/admin/rule/{rule_id}")
+        expect(page.locator("main .checks")).to_contain_text("✓ jobs (7 confirmed jobs)")
+        expect(page.locator("main .checks > span.bad")).to_have_count(0)
+        assert page.dialogs == [] and page.console_errors == []
+    finally:
+        api(site, "POST", f"/admin/rules/{rule_id}/reject", json={"reason": "a test's rule"})
+
+
+def jobs_table(page: Page):
+    return page.locator("table.jobs")
+
+
+def test_the_job_list_shows_action_and_suspect_nodes_and_a_search_finds_jobs(page: Page) -> None:
+    sign_in(page)
+    head = jobs_table(page).locator("thead th")
+    expect(head.nth(3)).to_have_text("action")
+    expect(head.nth(4)).to_have_text("suspect nodes")
+    ecc = jobs_table(page).locator("tbody tr", has=page.get_by_role("link", name=ECC_NAME, exact=True))
+    expect(ecc.locator("td.action")).to_have_text("cordon_and_restart")
+    expect(ecc.locator("td.nodes")).to_have_text(ECC_NODE)
+    megatron = jobs_table(page).locator("tbody tr",
+                                        has=page.get_by_role("link", name=MEGATRON_NAME, exact=True))
+    expect(megatron.locator("td.action")).to_have_text("fix_and_resubmit")
+    expect(megatron.locator("td.nodes")).to_have_text("—")
+
+    page.get_by_role("searchbox", name="search jobs").fill(ECC_NODE.upper())
+    page.get_by_role("button", name="Search").click()
+    expect(page).to_have_url(re.compile(r"/admin\?q=TRN-B05"))
+    expect(page.locator("h2#jobs")).to_contain_text(f"Jobs matching “{ECC_NODE.upper()}”")
+    expect(jobs_table(page).locator("tbody tr")).to_have_count(1)
+    expect(jobs_table(page)).to_contain_text(ECC_NAME)
+    expect(jobs_table(page)).not_to_contain_text(MEGATRON_NAME)
+    expect(page.get_by_role("searchbox", name="search jobs")).to_have_value(ECC_NODE.upper())
+
+    page.get_by_role("searchbox", name="search jobs").fill("gpt-7b-2025")
+    page.get_by_role("button", name="Search").click()
+    expect(jobs_table(page).locator("tbody tr")).to_have_count(1)
+    expect(jobs_table(page)).to_contain_text(MEGATRON_NAME)
+    expect(jobs_table(page)).not_to_contain_text(ECC_NAME)
+
+    page.get_by_role("searchbox", name="search jobs").fill("no-such-node-zz9")
+    page.get_by_role("button", name="Search").click()
+    expect(jobs_table(page).locator("tbody")).to_have_text("No job matches “no-such-node-zz9”.")
+    page.get_by_role("link", name="show all").click()
+    expect(jobs_table(page)).to_contain_text(ECC_NAME)
+    expect(jobs_table(page)).to_contain_text(MEGATRON_NAME)
+    assert no_horizontal_overflow(page)
+    assert page.dialogs == [] and page.console_errors == []
+
+
+def test_a_diagnosis_is_corrected_by_clicking_and_the_correction_is_stored(page: Page, site: str) -> None:
+    sign_in(page)
+    page.get_by_role("link", name=DATA_JOB_NAME).click()
+    job_id = page.url.rsplit("/", 1)[-1]
+    review = page.locator("#review")
+    expect(review.get_by_label("Right reason")).to_have_value("connection_error")  # what the diagnosis said
+    review.get_by_label("Right reason").select_option("s3_storage_error")
+    review.get_by_label("Origin").select_option("infrastructure")
+    review.get_by_label("note on correcting").fill("the object store was down, not the rendezvous")
+    review.get_by_role("button", name="Correct").click()
+
+    expect(page).to_have_url(re.compile(rf"/admin/job/{job_id}\?done=correct$"))
+    expect(page.get_by_role("status")).to_contain_text("Corrected the diagnosis")
+    expect(page.locator("#review .confirmed")).to_have_text(re.compile(
+        r"Corrected by admin \(\d{4}-\d\d-\d\d [\d:]{8}\): s3_storage_error, origin infrastructure · "
+        r"note: the object store was down, not the rendezvous"))
+    audit = api(site, "GET", "/admin/audit", params={"target": job_id, "action": "job.confirm"})
+    entries = audit.json()["data"]
+    assert [(e["actor"], e["details"]["reason"], e["details"]["origin"], e["details"]["corrected"])
+            for e in entries] == [("admin", "s3_storage_error", "infrastructure", True)]
+    assert no_horizontal_overflow(page)
+    assert page.dialogs == [] and page.console_errors == []
