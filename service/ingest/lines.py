@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -106,6 +107,13 @@ def looks_binary(sample: bytes) -> bool:
     return undecodable > BINARY_INVALID_SHARE * len(head)
 
 
+_ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+"""Terminal escapes: colour and cursor sequences (CSI), titles and links (OSC), and the short
+two-byte ones. Coloured loggers (loguru, rich, colorlog) put them around the words the rules
+look for (`\x1b[31mRuntimeError: ...`): they carry no meaning for a diagnosis and are dropped
+from each line, as a terminal would render it."""
+
+
 class LineSplitter:
     """Turns arbitrary byte chunks into buffers of whole lines."""
 
@@ -138,12 +146,15 @@ class LineSplitter:
             self._tail = b""
             self._skipping = True
             self.counters.lines_cut += 1
-        return whole
+        # on whole lines: an escape sequence never spans a newline, but may span two chunks
+        return _ANSI.sub(b"", whole) if b"\x1b" in whole else whole
 
     def finish(self) -> bytes:
         """The last line, when the input did not end with a newline."""
         tail, self._tail = self._tail, b""
-        return tail + b"\n" if tail and not self._skipping else b""
+        if not tail or self._skipping:
+            return b""
+        return (_ANSI.sub(b"", tail) if b"\x1b" in tail else tail) + b"\n"
 
 
 class LineDecoder:

@@ -126,3 +126,19 @@ def test_a_multipart_upload_past_the_file_limit_is_refused(builtin_rulebook) -> 
     with pytest.raises(PayloadTooLarge, match="more than 3 files"):
         asyncio.run(feed_multipart(JobRun(builtin_rulebook), once(), "multipart/form-data; boundary=b",
                                    max_bytes=1 << 20, max_ratio=200, max_files=3))
+
+
+def test_terminal_colour_codes_are_dropped_from_lines() -> None:
+    """A coloured logger's escape sequences around the words the rules look for (an exception
+    line in red) made the line unrecognisable: 7 of the dev split's right answers changed
+    when every other line was coloured. Dropped, as a terminal would render the line, also
+    when a sequence is split between two chunks."""
+    from service.ingest.lines import LineSplitter
+
+    splitter = LineSplitter()
+    text = (b"\x1b[36m  if x in dataset.column_names:\x1b[0m\n"
+            b"\x1b[1;31mAttributeError: 'NoneType' object has no attribute 'column_names'\x1b[0m\n"
+            b"see \x1b]8;;https://example.org\x07the docs\x1b]8;;\x07\x1b[A\n")
+    out = splitter.feed(text[:50]) + splitter.feed(text[50:]) + splitter.finish()
+    assert out == (b"  if x in dataset.column_names:\n"
+                   b"AttributeError: 'NoneType' object has no attribute 'column_names'\nsee the docs\n")
