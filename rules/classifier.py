@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import re2
 
-from rules.envelope import split_envelope
+from rules.envelope import split_envelope, without_stamp
 from rules.linear import NotLinear, compile_linear, refusal
 from rules.locate import locate
 from rules.model import TIER_RANK, DiagnosisRule, Evidence, KeptLine, Tier
@@ -198,24 +198,26 @@ class Classifier:
         self.seq += 1
         state = self._state(line.source)
         envelope = split_envelope(line.text)
-        stamp = state.clock.read(envelope.message)
+        stamp = state.clock.read(line.text)  # the envelope may be where the time is
         if stamp is not None:
             state.last_time = stamp
         rank, node = locate(envelope, self.default_nodes.get(line.source))
         stream = rank if rank is not None else envelope.local_rank
-        message = envelope.message
-        if _FRAME.match(message):
+        shape = without_stamp(envelope.message)  # a stamp in front hides no frame
+        if _FRAME.match(shape):
             state.after_frame.add(stream)
             return None
         if stream in state.after_frame:
             state.after_frame.discard(stream)
-            if message[:1].isspace():
+            if shape[:1].isspace():
                 return None  # the frame's source line
-        if any(marker in message for marker in _CHAIN_MARKERS):
+        if any(marker in shape for marker in _CHAIN_MARKERS):
             if stream in state.last_evidence:
                 state.chain_pending[stream] = state.last_evidence[stream]
             return None
         hit = self.program.match(envelope.message)
+        if hit is None and shape is not envelope.message:
+            hit = self.program.match(shape)  # a rule written from the message, behind a collector's stamp
         if hit is None:
             return None
         rule, groups = hit

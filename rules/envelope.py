@@ -2,8 +2,8 @@
 
 A training log line is often wrapped several times: `[default3]:[rank3]: RuntimeError: ...`
 (torchrun's role prefix, then PyTorch's rank prefix), `12: ...` (srun --label),
-`[lrdn0137:0]:` (a custom torchrun template with the host), `node-17: ` (pdsh),
-a collector's RFC 3339 stamp, Determined's `[ts] trial || `. Filter and diagnosis rules are
+`[lrdn0137:0]:` (a custom torchrun template with the host), `node-17: ` or `10.140.0.17: `
+(pdsh), a collector's or logger's time stamp, containerd's `stdout F `, Determined's `[ts] trial || `. Filter and diagnosis rules are
 written against the message, so the same rule works under every launcher; this module
 knows the envelope, strips it and reads rank and node out of it.
 
@@ -24,17 +24,27 @@ _COMPONENTS = (
     r" *\d{1,6}: ",                         # srun --label task id
     r"[\w.]+/\d+ ",                         # nemo-run: i.pretrain/0
     r"[A-Za-z][\w.]*(?:-[\w.]+)+: ",        # pdsh / k8s host: rdma-test-gpu-worker-1:
-    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? ",  # collector stamp
+    r"\d{1,3}(?:\.\d{1,3}){3}: ",            # pdsh by address (DeepSpeed's runner): 10.140.0.17:
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? ",  # collector stamp (RFC 3339)
+    r"(?:stdout|stderr) [FP] ",               # containerd's log files: <stamp> stdout F <line>
     r"\[\d{4}-\d\d-\d\dT[\d:.]+Z\] [0-9a-f]{8} \|\| ",                   # Determined AI
 )
 
-ENVELOPE_PATTERN = "(?:" + "|".join(_COMPONENTS) + ")*"
+_STAMP = r"\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]? +"
+"""A logger's or collector's time stamp in front of the message (`2025-01-06 12:05:35,123 `,
+`[2025-01-06 12:05:35] `). Rules are written with it where their framework prints it
+(DeepSpeed's, torchtitan's and fairseq's lines start with one), so split_envelope leaves it
+in the message; but a rule's program may find it in front (ENVELOPE_PATTERN: a match tries
+both readings), so a collector that stamps every line hides no rule."""
 
-_ENVELOPE_RE = re.compile(ENVELOPE_PATTERN)
+ENVELOPE_PATTERN = "(?:" + "|".join((*_COMPONENTS, _STAMP)) + ")*"
+
+_ENVELOPE_RE = re.compile("(?:" + "|".join(_COMPONENTS) + ")*")
+_LOGGER_STAMP = re.compile(_STAMP)
 _ROLE_RE = re.compile(r"\[([A-Za-z_]+)(\d+)\]:")
 _HOST_RANK_RE = re.compile(r"\[([A-Za-z_][\w.-]*):(\d+)\]:")
 _SRUN_RE = re.compile(r"^ *(\d{1,6}): ")
-_HOST_RE = re.compile(r"(?:^|\s)([A-Za-z][\w.]*(?:-[\w.]+)+): ")
+_HOST_RE = re.compile(r"(?:^|\s)([A-Za-z][\w.]*(?:-[\w.]+)+|\d{1,3}(?:\.\d{1,3}){3}): ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +81,19 @@ def split_envelope(line: str) -> Envelope:
         if host:
             node = host.group(1)
     return Envelope(message=line[m.end():], rank=rank, local_rank=local_rank, node=node)
+
+
+def without_stamp(message: str) -> str:
+    """A message without a leading logger's time stamp (and any envelope after it)."""
+    if message[:1].isdigit() or message[:1] == "[":
+        m = _LOGGER_STAMP.match(message)
+        if m:
+            return split_envelope(message[m.end():]).message
+    return message
+
+
+def bare_message(line: str) -> str:
+    """The message without envelope and without a leading time stamp: where the shape of a
+    line is judged (a traceback frame, an exception line, a blank line, a `^C`), which a
+    stamp in front must not hide, whoever put it there."""
+    return without_stamp(split_envelope(line).message)

@@ -12,11 +12,13 @@ found are looked at, and the log's bytes are not read again.
 
 from __future__ import annotations
 
+from rules.envelope import bare_message
+
 _SIGINT_DEATH = ("Received 2 death signal", "Received Signals.SIGINT death signal")
 
 
 def is_interrupt(line: str) -> bool:
-    return (line.lstrip().startswith("^C") or "KeyboardInterrupt" in line
+    return (bare_message(line.lstrip()).startswith("^C") or "KeyboardInterrupt" in line
             or any(mark in line for mark in _SIGINT_DEATH))
 
 
@@ -25,6 +27,6 @@ def line_before(buffer: bytes, index: int) -> tuple[bytes, int] | None:
     its index; None when no such line is in the buffer."""
     lines = buffer.split(b"\n", index)[:index]
     for back, line in enumerate(reversed(lines)):
-        if line.strip():
+        if bare_message(line.decode("utf-8", "replace")).strip():  # stamped blank lines too
             return line.rstrip(b"\r"), index - 1 - back
     return None

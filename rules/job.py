@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from rules.classifier import Classifier, DiagnosisProgram, RuleEvidence
-from rules.envelope import split_envelope
+from rules.envelope import bare_message
 from rules.family import job_family
 from rules.model import FilterRule, KeptLine, Tier
 from rules.progress import ProgressTracker
@@ -54,7 +54,7 @@ envelope is split off."""
 
 
 def _bare_exception(text: str) -> bool:
-    return _BARE_EXCEPTION_HINT.search(text) is not None and _BARE_EXCEPTION.match(split_envelope(text).message) is not None
+    return _BARE_EXCEPTION_HINT.search(text) is not None and _BARE_EXCEPTION.match(bare_message(text)) is not None
 _FATAL = re.compile(
     r"(?i)\b(?:error|fatal|exception|failed|failure|abort(?:ed)?|killed|died|crashed|panic|segmentation fault"
     r"|core dumped)\b"
@@ -344,7 +344,7 @@ class JobRun:
             return
         # the interrupt opens the buffer: the line before it ended the previous one
         for back, text in enumerate(reversed(run.tail)):
-            if text.strip():
+            if bare_message(text).strip():
                 self._interrupted = (text, first_line - back, run.name)
                 return
 
@@ -519,7 +519,7 @@ class JobRun:
         if run is None:
             return None
         for back, text in enumerate(reversed(run.tail)):
-            if text.strip():
+            if bare_message(text).strip():  # a collector stamps blank lines too
                 return text, run.stream.lines_in - back, run.name
         return None
 

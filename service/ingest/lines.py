@@ -114,6 +114,11 @@ look for (`\x1b[31mRuntimeError: ...`): they carry no meaning for a diagnosis an
 from each line, as a terminal would render it."""
 
 
+def drop_escapes(data: bytes) -> bytes:
+    """`data` as a terminal shows it: without its escape sequences (one memchr when it has none)."""
+    return _ANSI.sub(b"", data) if b"\x1b" in data else data
+
+
 class LineSplitter:
     """Turns arbitrary byte chunks into buffers of whole lines."""
 
@@ -147,14 +152,14 @@ class LineSplitter:
             self._skipping = True
             self.counters.lines_cut += 1
         # on whole lines: an escape sequence never spans a newline, but may span two chunks
-        return _ANSI.sub(b"", whole) if b"\x1b" in whole else whole
+        return drop_escapes(whole)
 
     def finish(self) -> bytes:
         """The last line, when the input did not end with a newline."""
         tail, self._tail = self._tail, b""
         if not tail or self._skipping:
             return b""
-        return (_ANSI.sub(b"", tail) if b"\x1b" in tail else tail) + b"\n"
+        return drop_escapes(tail) + b"\n"
 
 
 class LineDecoder:
