@@ -30,9 +30,10 @@ _COMPONENTS = (
     r"\[\d{4}-\d\d-\d\dT[\d:.]+Z\] [0-9a-f]{8} \|\| ",                   # Determined AI
 )
 
-_STAMP = r"\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]? +"
+_STAMP = (r"(?:\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
+          r"|\[\d\d:\d\d:\d\d(?:[.,]\d+)?\]) +")
 """A logger's or collector's time stamp in front of the message (`2025-01-06 12:05:35,123 `,
-`[2025-01-06 12:05:35] `). Rules are written with it where their framework prints it
+`[2025-01-06 12:05:35] `, moreutils' `ts` and rich's `[12:05:35] `). Rules are written with it where their framework prints it
 (DeepSpeed's, torchtitan's and fairseq's lines start with one), so split_envelope leaves it
 in the message; but a rule's program may find it in front (ENVELOPE_PATTERN: a match tries
 both readings), so a collector that stamps every line hides no rule."""
