@@ -789,6 +789,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-s", type=float, default=0.25,
                         help="how often the live jobs' line counts are read from the database")
     parser.add_argument("--workloads", nargs="+", default=["uploads", "sidecars", "restart"], choices=sorted(WORKLOADS))
+    parser.add_argument("--server-env", action="append", default=[], metavar="FAULTLINE_X=V",
+                        help="a setting for every replica (repeatable), e.g. FAULTLINE_MAX_CONCURRENT_UPLOADS=2")
     parser.add_argument("--out", type=Path, default=OUT / "load_bench.json")
     parser.add_argument("--keep-dir", type=Path, default=None,
                         help="a new folder for the replicas' logs and the live jobs' files, kept afterwards")
@@ -808,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="faultline-load-")))
         env = {"FAULTLINE_DATABASE_URL": url, "FAULTLINE_ADMIN_TOKEN": ADMIN_TOKEN,
-               "FAULTLINE_DB_CONNECT_TIMEOUT_S": "2"}
+               "FAULTLINE_DB_CONNECT_TIMEOUT_S": "2", **dict(item.split("=", 1) for item in args.server_env)}
         replicas, pids = [], []
         for i in range(args.replicas):
             replica = stack.enter_context(serve_process(

@@ -124,6 +124,7 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
                          description="Diagnoses why a large-model training job failed, from its logs.")
     app.state.metrics = registry
     app.state.upload_slots = asyncio.Semaphore(settings.max_concurrent_uploads)
+    app.state.cpu_slots = asyncio.Semaphore(settings.max_parallel_diagnoses)
     app.state.admin_tokens = AdminTokens.from_settings(settings)
     app.state.api_tokens = ApiTokens.from_settings(settings)
     app.add_middleware(LatencyMiddleware, metrics=registry)

@@ -98,6 +98,9 @@ class Settings(BaseSettings):
     max_concurrent_uploads: int = Field(default=8, ge=1)
     """POST /diagnose requests one process works on at once; more wait, their bodies unread
     (bounds memory, keeps /healthz answering under load)."""
+    max_parallel_diagnoses: int = Field(default=2, ge=1)
+    """Of those, how many filter and diagnose at the same moment (CPU work in threads: more
+    than the cores only contend for the GIL); the others wait between buffers of their body."""
     max_gzip_ratio: int = 200
     max_chunk_bytes: int = 64 << 20
 

@@ -22,3 +22,17 @@ async def in_thread(work: Callable[..., T], *args: object) -> T:
     except asyncio.CancelledError:
         await asyncio.wait([job])
         raise
+
+
+async def in_turn(slots: asyncio.Semaphore | None, work: Callable[..., T], *args: object) -> T:
+    """CPU-bound work (filtering, diagnosing) in a worker thread, at most `slots` at once in
+    this process. Threads beyond the cores only contend for the GIL: with 8 uploads filtering
+    at once a 2-worker server on 2 cores moved 40-50 MB/s (20 clients, 10 MB logs; upload p99
+    7-9 s), with 2 at once 62-78 MB/s (p99 5-6.5 s; bench/load_bench.py, three runs each). A
+    waiting upload holds no thread, and a slow client holds no slot while its bytes trickle in."""
+    from starlette.concurrency import run_in_threadpool
+
+    if slots is None:
+        return await run_in_threadpool(work, *args)
+    async with slots:
+        return await run_in_threadpool(work, *args)

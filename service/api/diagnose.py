@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from service.api.schema import DIAGNOSE_ERRORS
@@ -16,6 +17,7 @@ from service.errors import BadInput, UnsupportedMediaType
 from rules.job import JobMeta, JobRun
 from service.ingest.lines import check_content_length
 from service.ingest.upload import feed_multipart, feed_plain
+from service.threads import in_turn
 
 router = APIRouter(responses=DIAGNOSE_ERRORS)
 
@@ -27,8 +29,10 @@ def job_meta(job_name: str, framework: str | None, tags: list[str]) -> JobMeta:
     return JobMeta(name=job_name, framework=framework or None, tags=flat)
 
 
-async def read_log_body(request: Request, run: JobRun, *, max_bytes: int, max_ratio: int) -> None:
-    """Stream the request body (plain, gzip or multipart) into the job."""
+async def read_log_body(request: Request, run: JobRun, *, max_bytes: int, max_ratio: int,
+                        cpu: asyncio.Semaphore | None = None) -> None:
+    """Stream the request body (plain, gzip or multipart) into the job; `cpu`: the process's
+    slots for CPU work (service.threads.in_turn)."""
     check_content_length(request.headers.get("content-length"), max_bytes)
     content_type = request.headers.get("content-type", "text/plain")
     media = content_type.split(";", 1)[0].strip().lower()
@@ -36,10 +40,11 @@ async def read_log_body(request: Request, run: JobRun, *, max_bytes: int, max_ra
     if encoding not in ("identity", "gzip", ""):
         raise UnsupportedMediaType(f"unsupported Content-Encoding {encoding!r}: send identity or gzip")
     if media == "multipart/form-data":
-        await feed_multipart(run, request.stream(), content_type, max_bytes=max_bytes, max_ratio=max_ratio)
+        await feed_multipart(run, request.stream(), content_type, max_bytes=max_bytes, max_ratio=max_ratio, cpu=cpu)
     elif media in _TEXT_TYPES or media.startswith("text/"):
         gzip = encoding == "gzip" or media in ("application/gzip", "application/x-gzip")
-        await feed_plain(run, request.stream(), name="body", gzip=gzip, max_bytes=max_bytes, max_ratio=max_ratio)
+        await feed_plain(run, request.stream(), name="body", gzip=gzip, max_bytes=max_bytes, max_ratio=max_ratio,
+                         cpu=cpu)
     else:
         raise UnsupportedMediaType(
             f"unsupported Content-Type {media!r}: send text/plain (optionally gzip-encoded) or multipart/form-data")
@@ -80,8 +85,10 @@ async def diagnose(
     # and CPU threads stay bounded however many clients send at once
     async with request.app.state.upload_slots:
         run = await run_in_threadpool(ctx.new_run, meta)  # reads the rule-set version: I/O
-        await read_log_body(request, run, max_bytes=settings.max_request_bytes, max_ratio=settings.max_gzip_ratio)
-        diagnosis = await run_in_threadpool(run.finish)
+        cpu = request.app.state.cpu_slots
+        await read_log_body(request, run, max_bytes=settings.max_request_bytes, max_ratio=settings.max_gzip_ratio,
+                            cpu=cpu)
+        diagnosis = await in_turn(cpu, run.finish)
         try:
             job_id, result = await run_in_threadpool(_store, ctx, run, meta, diagnosis, idempotency_key, external_id)
         except IntegrityError:

@@ -7,15 +7,16 @@ acceleration effective), with a byte limit checked as the bytes arrive.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from python_multipart import MultipartParser
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import parse_options_header
-from starlette.concurrency import run_in_threadpool
 
 from service.errors import BadInput, PayloadTooLarge
 from service.ingest.lines import LineDecoder
+from service.threads import in_turn
 from rules.job import JobRun
 
 FEED_BYTES = 4 << 20
@@ -69,18 +70,20 @@ class _Limit:
 
 
 async def feed_plain(run: JobRun, body: AsyncIterator[bytes], *, name: str, gzip: bool,
-                     max_bytes: int, max_ratio: int) -> None:
+                     max_bytes: int, max_ratio: int, cpu: asyncio.Semaphore | None = None) -> None:
+    """`cpu`: the process's slots for CPU work (service.threads.in_turn)."""
     feeder = _SourceFeeder(run, name, gzip=gzip, max_ratio=max_ratio)
     limit = _Limit(max_bytes)
     async for chunk in body:
         limit.add(len(chunk))
         if feeder.add(chunk):
-            await run_in_threadpool(feeder.flush)
-    await run_in_threadpool(feeder.finish)
+            await in_turn(cpu, feeder.flush)
+    await in_turn(cpu, feeder.finish)
 
 
 async def feed_multipart(run: JobRun, body: AsyncIterator[bytes], content_type: str, *,
-                         max_bytes: int, max_ratio: int, max_files: int = MAX_FILES) -> int:
+                         max_bytes: int, max_ratio: int, max_files: int = MAX_FILES,
+                         cpu: asyncio.Semaphore | None = None) -> int:
     """Each file part is a source of the job; returns the number of files."""
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
@@ -93,12 +96,12 @@ async def feed_multipart(run: JobRun, body: AsyncIterator[bytes], content_type: 
         limit.add(len(chunk))
         _write(parser, chunk)
         for feeder in state.take_ready():
-            await run_in_threadpool(feeder.flush)
+            await in_turn(cpu, feeder.flush)
         for feeder in state.take_finished():
-            await run_in_threadpool(feeder.finish)
+            await in_turn(cpu, feeder.finish)
     _write(parser, None)
     for feeder in state.take_finished():
-        await run_in_threadpool(feeder.finish)
+        await in_turn(cpu, feeder.finish)
     if not state.files:
         raise BadInput("multipart body holds no file part")
     return state.files
