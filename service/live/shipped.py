@@ -63,6 +63,10 @@ def file_id(generation: int) -> str:
     return f"shipped:{generation}"
 
 
+def _generation(shipped_file_id: str) -> int:
+    return int(shipped_file_id.split(":", 1)[1])
+
+
 def place(batch: Batch, state: FileState, stored: tuple[int, str] | None) -> tuple[Placement, str]:
     """Where `batch` goes, and in which physical file (a rotation starts the next one).
     `stored`: (length, checksum) of the chunk the ledger remembers at the batch's offset."""
@@ -90,9 +94,9 @@ def file_state(session: Session, job_id: str, source: str) -> FileState:
     rows = [row for row in ledger.files_of(session, job_id, source) if row.file_id.startswith("shipped:")]
     if not rows:
         return FileState(file_id(0), None, 0.0, 0)
-    newest = max(rows, key=lambda row: int(row.file_id.split(":", 1)[1]))
+    newest = max(rows, key=lambda row: _generation(row.file_id))
     return FileState(newest.file_id, newest.next_offset, (datetime.now(UTC) - newest.updated_at).total_seconds(),
-                     int(newest.file_id.split(":", 1)[1]))
+                     _generation(newest.file_id))
 
 
 def deliver(live: LiveJobs, job_id: str, batch: Batch) -> dict:
