@@ -77,6 +77,7 @@ from fixtures.logs.unknown_formats import maxtext_log
 from service.store.db import Database
 from service.store.models import Job, JobSource
 from tests.support.postgres_cluster import PostgresCluster, unavailable
+from service.api.health import PROBE_INTERVAL_S
 from tests.support.processes import serve_process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -698,10 +699,13 @@ def health_summary(fleet: Fleet, rec: Recorder) -> dict:
     out = []
     for i in range(len(fleet.replicas)):
         samples = [(t, s) for t, r, s in rec.health if r == i]
-        down = [(t, s) for t, s in samples if stopped <= t < starting]
-        first_503 = next((t for t, s in down if s == 503), None)
+        during = [(t, s) for t, s in samples if stopped <= t < starting]
+        first_503 = next((t for t, s in during if s == 503), None)
+        # /healthz answers from a probe that checks every PROBE_INTERVAL_S: the first answers
+        # after the stop may still say what the last check saw
+        down = [(t, s) for t, s in during if t >= stopped + PROBE_INTERVAL_S + 0.5]
         healthy_again = next((t for t, s in samples if t > started and s == 200), None)
-        out.append({"replica": i, "samples_while_down": len(down),
+        out.append({"replica": i, "samples_while_down": len(during),
                     "answers_while_down": sorted({s for _, s in down}), "said": rec.health_said.get(i),
                     "unhealthy_after_s": round(first_503 - stopped, 2) if first_503 is not None else None,
                     "healthy_again_after_start_s": round(healthy_again - started, 2) if healthy_again else None})

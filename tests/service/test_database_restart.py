@@ -86,11 +86,13 @@ def test_uploads_and_live_sidecars_ride_out_a_database_restart(tmp_path) -> None
 
     out = tmp_path / "load_bench.json"
     code = load_bench.main(["--clients", "2", "--uploads", "1", "--log-mb", "0.3", "--sidecars", "2",
-                            "--live-rate", "200", "--live-min-s", "8", "--down-s", "2", "--out", str(out),
+                            "--live-rate", "200", "--live-min-s", "8", "--down-s", "4", "--out", str(out),
                             "--keep-dir", str(tmp_path / "run")])
     result = json.loads(out.read_text())
-    assert result["database_restart"]["db_down_s"] >= 2, "the database was restarted while the workloads ran"
+    assert result["database_restart"]["db_down_s"] >= 4, "the database was restarted while the workloads ran"
+    # 503 from the probe's first check after the stop on (it checks every second)
     assert [r["answers_while_down"] for r in result["database_restart"]["replicas"]] == [[503], [503]]
+    assert all(r["unhealthy_after_s"] <= 2.5 for r in result["database_restart"]["replicas"])
     assert result["errors"] == 0 and result["store"]["lost"] == 0 and result["server_errors"] == 0
     live = result["live"]
     assert live["sidecar_retries"], "the sidecars met the outage"
