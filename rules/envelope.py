@@ -3,9 +3,10 @@
 A training log line is often wrapped several times: `[default3]:[rank3]: RuntimeError: ...`
 (torchrun's role prefix, then PyTorch's rank prefix), `12: ...` (srun --label),
 `[lrdn0137:0]:` (a custom torchrun template with the host), `node-17: ` or `10.140.0.17: `
-(pdsh), a collector's or logger's time stamp, containerd's `stdout F `, Determined's `[ts] trial || `. Filter and diagnosis rules are
-written against the message, so the same rule works under every launcher; this module
-knows the envelope, strips it and reads rank and node out of it.
+(pdsh), a collector's or logger's time stamp, containerd's `stdout F `, Determined's
+`[ts] trial || `. Filter and diagnosis rules are written against the message, so the same
+rule works under every launcher; this module knows the envelope, strips it and reads rank
+and node out of it.
 
 ENVELOPE_PATTERN is written in the common subset of RE2 and Python `re` syntax, because it
 is compiled into every filter rule's RE2 program and also used here with `re`.
@@ -33,10 +34,11 @@ _COMPONENTS = (
 _STAMP = (r"(?:\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
           r"|\[\d\d:\d\d:\d\d(?:[.,]\d+)?\]) +")
 """A logger's or collector's time stamp in front of the message (`2025-01-06 12:05:35,123 `,
-`[2025-01-06 12:05:35] `, moreutils' `ts` and rich's `[12:05:35] `). Rules are written with it where their framework prints it
-(DeepSpeed's, torchtitan's and fairseq's lines start with one), so split_envelope leaves it
-in the message; but a rule's program may find it in front (ENVELOPE_PATTERN: a match tries
-both readings), so a collector that stamps every line hides no rule."""
+`[2025-01-06 12:05:35] `, moreutils' `ts` and rich's `[12:05:35] `). Rules are written with
+it where their framework prints it (DeepSpeed's, torchtitan's and fairseq's lines start with
+one), so split_envelope leaves it in the message; but a rule's program may find it in front
+(ENVELOPE_PATTERN: a match tries both readings), so a collector that stamps every line hides
+no rule."""
 
 ENVELOPE_PATTERN = "(?:" + "|".join((*_COMPONENTS, _STAMP)) + ")*"
 

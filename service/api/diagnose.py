@@ -15,7 +15,7 @@ from service.store import jobs as store
 from service.deps import INGEST, ContextDep
 from service.errors import BadInput, UnsupportedMediaType
 from rules.job import JobMeta, JobRun
-from service.ingest.lines import check_content_length
+from service.ingest.lines import check_content_length, gzip_encoded
 from service.ingest.upload import feed_multipart, feed_plain
 from service.threads import in_turn
 
@@ -36,13 +36,11 @@ async def read_log_body(request: Request, run: JobRun, *, max_bytes: int, max_ra
     check_content_length(request.headers.get("content-length"), max_bytes)
     content_type = request.headers.get("content-type", "text/plain")
     media = content_type.split(";", 1)[0].strip().lower()
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("identity", "gzip", ""):
-        raise UnsupportedMediaType(f"unsupported Content-Encoding {encoding!r}: send identity or gzip")
+    gzip_coded = gzip_encoded(request.headers.get("content-encoding"))
     if media == "multipart/form-data":
         await feed_multipart(run, request.stream(), content_type, max_bytes=max_bytes, max_ratio=max_ratio, cpu=cpu)
     elif media in _TEXT_TYPES or media.startswith("text/"):
-        gzip = encoding == "gzip" or media in ("application/gzip", "application/x-gzip")
+        gzip = gzip_coded or media in ("application/gzip", "application/x-gzip")
         await feed_plain(run, request.stream(), name="body", gzip=gzip, max_bytes=max_bytes, max_ratio=max_ratio,
                          cpu=cpu)
     else:

@@ -11,9 +11,9 @@ from starlette.concurrency import run_in_threadpool
 
 from service.store import jobs as store
 from service.deps import INGEST, MAX_OFFSET, READ, SOURCES, ContextDep, LiveDep
-from service.errors import BadInput, NotFound, UnsupportedMediaType
+from service.errors import BadInput, NotFound
 from service.sidecar.wire import READ_AGE_HEADER
-from service.ingest.lines import LineDecoder, check_content_length
+from service.ingest.lines import LineDecoder, check_content_length, gzip_encoded
 from service.live.ledger import ChunkRef, checksum
 from service.store.models import Job
 
@@ -61,14 +61,12 @@ def create_job(body: JobCreate, live: LiveDep, response: Response) -> dict[str, 
     return job_view(job)
 
 
-async def read_chunk(request: Request, *, max_bytes: int, max_ratio: int) -> bytes:
+async def read_chunk(request: Request, *, max_bytes: int, max_ratio: int, what: str = "chunk") -> bytes:
     """The request body as the file holds it (gzip-decoded if so encoded), through the one
     ingest decoder: refused past max_bytes (413), or when it looks binary (400)."""
-    check_content_length(request.headers.get("content-length"), max_bytes, "chunk")
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("identity", "gzip", ""):
-        raise UnsupportedMediaType(f"unsupported Content-Encoding {encoding!r}: send identity or gzip")
-    decoder = LineDecoder(name="chunk", gzip=encoding == "gzip", max_output=max_bytes, max_ratio=max_ratio)
+    check_content_length(request.headers.get("content-length"), max_bytes, what)
+    gzip = gzip_encoded(request.headers.get("content-encoding"))
+    decoder = LineDecoder(name=what, gzip=gzip, max_output=max_bytes, max_ratio=max_ratio)
     parts = [piece async for data in request.stream() for piece in decoder.decode(data)]
     decoder.finish()
     return b"".join(parts)

@@ -9,11 +9,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from service.api.jobs import read_chunk
 from service.api.schema import JOB_ERRORS
 from service.deps import INGEST, ContextDep, LiveDep
-from service.errors import PayloadTooLarge, UnsupportedMediaType
 from service.ingest import records
-from service.ingest.lines import GzipDecoder, check_content_length
 from service.live import shipped
 
 router = APIRouter(responses=JOB_ERRORS)
@@ -27,25 +26,6 @@ _BODY = {"requestBody": {"required": True, "content": {
         "the file under `filename`, `file` or `path`, the byte offset where the line starts under `offset`")}},
     "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
 }}}
-
-
-async def _read(request: Request, max_bytes: int, max_ratio: int) -> bytes:
-    """The body, gunzipped when so encoded (both shippers can compress), within max_bytes."""
-    check_content_length(request.headers.get("content-length"), max_bytes, "request body")
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("identity", "gzip", ""):
-        raise UnsupportedMediaType(f"unsupported Content-Encoding {encoding!r}: send identity or gzip")
-    gzip = GzipDecoder(max_ratio=max_ratio, max_output=max_bytes) if encoding == "gzip" else None
-    parts, size = [], 0
-    async for data in request.stream():
-        for piece in gzip.feed(data) if gzip else (data,):
-            size += len(piece)
-            if size > max_bytes:
-                raise PayloadTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
-            parts.append(piece)
-    if gzip:
-        gzip.close()
-    return b"".join(parts)
 
 
 @router.post("/ingest/records", openapi_extra=_BODY, dependencies=[INGEST])
@@ -62,7 +42,8 @@ async def ingest_records(
     records). Exactly once by each line's file and byte offset: a retried request counts once,
     a batch that skips ahead waits (503) for the one before it, a rotated file continues."""
     settings = ctx.settings
-    body = await _read(request, settings.max_chunk_bytes, settings.max_gzip_ratio)
+    body = await read_chunk(request, max_bytes=settings.max_chunk_bytes, max_ratio=settings.max_gzip_ratio,
+                            what="request body")
     batches = records.parse(body, max_records=MAX_RECORDS)
     flat = tuple(t.strip() for tag in tags for t in tag.split(",") if t.strip())
     job, _ = await run_in_threadpool(live.create, name=job_name or job_key, framework=framework or None,

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from service.errors import BadInput, PayloadTooLarge
+from service.errors import BadInput, PayloadTooLarge, UnsupportedMediaType
 
 CHUNK_BYTES = 8 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt() parameters
@@ -238,6 +238,14 @@ def check_content_length(value: str | None, max_bytes: int, what: str = "request
         raise BadInput("invalid Content-Length header")
     if int(value) > max_bytes:
         raise PayloadTooLarge(f"{what} of {value} bytes exceeds the limit of {max_bytes} bytes")
+
+
+def gzip_encoded(content_encoding: str | None) -> bool:
+    """Whether a request body is gzip by its Content-Encoding; 415 for any coding but these two."""
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding not in ("identity", "gzip", ""):
+        raise UnsupportedMediaType(f"unsupported Content-Encoding {encoding!r}: send identity or gzip")
+    return encoding == "gzip"
 
 
 def whole_lines(body: bytes, *, name: str = "chunk") -> tuple[bytes, int]:
