@@ -127,10 +127,12 @@ def load_real_incidents(path: Path = REAL_INCIDENTS_FILE) -> list[dict]:
     return [item for item in items if item.get("reason") in REASONS and item.get("line")]
 
 
-def seed_incidents(rules: Sequence[DiagnosisRule], descriptions: dict[str, str] | None = None) -> list[Incident]:
+def seed_incidents(rules: Sequence[DiagnosisRule], descriptions: dict[str, str] | None = None, *,
+                   withheld_sources: frozenset[str] = frozenset()) -> list[Incident]:
     """The starting knowledge: one description per reason, the root-cause lines of real
     failures, and each built-in rule's description and example lines (context rules
-    excluded: they never name a cause)."""
+    excluded: they never name a cause). Real lines whose `source` is withheld stay out:
+    `faultline eval` withholds the logs it scores, so no log is its own nearest neighbour."""
     descriptions = load_reason_descriptions() if descriptions is None else descriptions
     out: dict[str, Incident] = {}
 
@@ -147,6 +149,8 @@ def seed_incidents(rules: Sequence[DiagnosisRule], descriptions: dict[str, str] 
         for sign in description_signs(descriptions.get(reason_id, "")):
             add("taxonomy", f"{words}: {sign}", reason_id, entry.origin.value, tier, entry.mitigation, "taxonomy")
     for item in load_real_incidents():
+        if item.get("source") in withheld_sources:
+            continue
         entry = reason(item["reason"])
         origin = item["origin"] if item["origin"] != "unknown" else entry.origin.value
         add("real", item["line"], item["reason"], origin, reason_tier(item["reason"], rules), entry.mitigation,

@@ -51,10 +51,11 @@ class Context:
 
     @classmethod
     def build(cls, settings: Settings, *, metrics: Metrics | None = None, embedder: object | None = None,
-              learn: bool = True) -> Context:
+              learn: bool = True, withheld_sources: frozenset[str] = frozenset()) -> Context:
         """Everything a command or the app needs. `embedder` lets tests share one loaded
         model; otherwise the Failure Agent loads its own, on first use. `learn=False`: the
-        store is only read (see `Context.learn`)."""
+        store is only read (see `Context.learn`). `withheld_sources`: real incidents the
+        Failure Agent's knowledge leaves out (`faultline eval`)."""
         db = open_database(settings)
         rulebook = Rulebook(source=store.RuleStore(db))
         metrics = metrics or Metrics()
@@ -71,7 +72,8 @@ class Context:
         if settings.failure_agent:
             from service.agents.failure import LazyFailureAgent
 
-            lazy = LazyFailureAgent(settings, db, rulebook, embedder=embedder, on_report=metrics.failure_agent_report)
+            lazy = LazyFailureAgent(settings, db, rulebook, embedder=embedder, on_report=metrics.failure_agent_report,
+                                    withheld_sources=withheld_sources)
             ctx.failure_agent = lazy
             ctx.closers.append(lazy.close)
         return ctx

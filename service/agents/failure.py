@@ -178,8 +178,11 @@ class LazyFailureAgent:
     """A FailureAgentHook that builds the agent (model, knowledge base) on its first call."""
 
     def __init__(self, settings: Settings, db: Database, rulebook: Rulebook, *, embedder: Embedder | None = None,
-                 on_report: Callable[[dict[str, Any]], None] | None = None):
+                 on_report: Callable[[dict[str, Any]], None] | None = None,
+                 withheld_sources: frozenset[str] = frozenset()):
         self.settings, self.db, self.rulebook = settings, db, rulebook
+        self.withheld_sources = withheld_sources
+        """Real incidents left out of the seeded knowledge (see `seed_incidents`)."""
         self.on_report = on_report
         self.embedder = embedder or LazyEmbedder(_load_minilm)
         self._agent: FailureAgent | None = None
@@ -203,7 +206,7 @@ class LazyFailureAgent:
 
     def _build(self) -> FailureAgent:
         source = incidents.DbIncidents(self.db)
-        source.seed(seed_incidents(self.rulebook.builtin_diagnosis))
+        source.seed(seed_incidents(self.rulebook.builtin_diagnosis, withheld_sources=self.withheld_sources))
         knowledge = KnowledgeBase(source, self.embedder, index_dir=self.settings.data_dir / INDEX_FOLDER)
         knowledge.refresh()
         llm = None

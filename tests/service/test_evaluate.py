@@ -87,3 +87,41 @@ def test_the_command_scores_a_folder(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "service.cli", "eval", str(tmp_path / "nowhere")], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2 and "not a folder" in proc.stderr
+
+
+def _corpus_folder(tmp_path: Path, split: str, count: int) -> list[dict]:
+    """`count` labelled logs of the real corpus's `split`, copied with their labels."""
+    real = ROOT / "fixtures" / "real"
+    items = [json.loads(raw) for raw in (real / "labels.jsonl").read_text().splitlines() if raw.strip()]
+    chosen = [item for item in items if item.get("split") == split and item.get("reason")][:count]
+    for item in chosen:
+        target = tmp_path / item["file"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((real / item["file"]).read_bytes())
+    (tmp_path / "labels.jsonl").write_text("".join(json.dumps(item) + "\n" for item in chosen))
+    return chosen
+
+
+def test_a_log_whose_own_line_seeds_the_knowledge_is_scored_without_it(tmp_path: Path, minilm) -> None:
+    from agents.knowledge import load_real_incidents, seed_incidents
+    from rules.packs import builtin_diagnosis_rules
+    from service.evaluate import run_eval
+
+    chosen = _corpus_folder(tmp_path / "dev", "dev", 4)
+    sources = frozenset(item["source"] for item in chosen)
+    real = load_real_incidents()
+    own = {item["line"] for item in real if item["source"] in sources}
+    others = {item["line"] for item in real if item["source"] not in sources}
+    assert own - others, "the dev split's root-cause lines seed the knowledge base"
+
+    def real_lines(**withheld) -> set[str]:
+        return {i.text for i in seed_incidents(builtin_diagnosis_rules(), **withheld) if i.confirmed_by == "real_corpus"}
+
+    assert (own - others) & real_lines()
+    assert not (own - others) & real_lines(withheld_sources=sources)
+
+    report = run_eval(tmp_path / "dev", split=None, embedder=minilm)
+    assert report.withheld_folds == 2 and report.logs == 4
+    # the test split never seeds the knowledge: nothing to withhold, one pass
+    _corpus_folder(tmp_path / "test", "test", 2)
+    assert run_eval(tmp_path / "test", split=None, embedder=minilm).withheld_folds == 0
