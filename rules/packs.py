@@ -1,14 +1,18 @@
-"""Loads the built-in rule packs (YAML data files) into rule objects."""
+"""Loads the built-in rule packs (YAML data files), checked by rules.pack_schema, into rule objects."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from pydantic import ValidationError
 
-from rules.model import DiagnosisRule, FilterRule, Tier
-from rules.taxonomy import Action, Origin, is_reason, reason
+from rules.model import DiagnosisRule, FilterRule
+from rules.pack_schema import DiagnosisRuleSpec, FilterRuleSpec, Pack, problems
+from rules.taxonomy import reason
+
+Spec = TypeVar("Spec", FilterRuleSpec, DiagnosisRuleSpec)
 
 PACKS_DIR = Path(__file__).parent / "packs"
 
@@ -17,54 +21,40 @@ class PackError(ValueError):
     """A rule pack file is malformed."""
 
 
-def _examples(raw: Any) -> tuple[str, ...]:
-    out = []
-    for item in raw or ():
-        out.append(item["line"] if isinstance(item, dict) else str(item))
-    return tuple(out)
+def _checked(model: type[Spec], data: Any, what: str) -> Spec:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        rule_id = data.get("id", "?") if isinstance(data, dict) else "?"
+        raise PackError(f"{what} {rule_id!r}: " + "; ".join(problems(exc))) from None
 
 
 def filter_rule_from_dict(data: dict[str, Any], *, scope: str = "global", source: str = "builtin",
                           trusted: bool = True) -> FilterRule:
-    try:
-        return FilterRule(
-            id=str(data["id"]), pattern=str(data["pattern"]),
-            description=str(data.get("description", "")).strip(),
-            scope=str(data.get("scope", scope)), source=str(data.get("source", source)),
-            trusted=trusted, examples=_examples(data.get("examples")),
-            event=data.get("event"),
-        )
-    except KeyError as exc:
-        raise PackError(f"filter rule {data.get('id', '?')!r} lacks {exc}") from None
+    return filter_rule_from_spec(_checked(FilterRuleSpec, data, "filter rule"), scope=scope, source=source,
+                                 trusted=trusted)
+
+
+def filter_rule_from_spec(spec: FilterRuleSpec, *, scope: str = "global", source: str = "builtin",
+                          trusted: bool = True) -> FilterRule:
+    return FilterRule(id=spec.id, pattern=spec.pattern, description=spec.description.strip(),
+                      scope=spec.scope or scope, source=spec.source or source, trusted=trusted,
+                      examples=spec.example_lines(), event=spec.event)
 
 
 def diagnosis_rule_from_dict(data: dict[str, Any], *, source: str = "builtin") -> DiagnosisRule:
-    rule_id = data.get("id", "?")
-    try:
-        reason_id = str(data["reason"])
-        if not is_reason(reason_id):
-            raise PackError(f"diagnosis rule {rule_id!r}: unknown reason {reason_id!r}")
-        default = reason(reason_id)
-        if data.get("action") == Action.STOP.value:
-            raise PackError(f"diagnosis rule {rule_id!r}: `stop` is the restart budget's action, not a rule's")
-        patterns = data["patterns"] if "patterns" in data else [data["pattern"]]
-        return DiagnosisRule(
-            id=str(rule_id), reason=reason_id, tier=Tier(data.get("tier", "cause")),
-            patterns=tuple(str(p) for p in patterns),
-            origin=Origin(data.get("origin", default.origin)),
-            action=Action(data.get("action", default.action)),
-            mitigation=str(data.get("mitigation", "") or "").strip(),
-            description=str(data.get("description", "") or "").strip(),
-            scope=str(data.get("scope", "global")), source=str(data.get("source", source)),
-            examples=_examples(data.get("examples")),
-            counter_examples=tuple(str(c) for c in data.get("counter_examples") or ()),
-        )
-    except KeyError as exc:
-        raise PackError(f"diagnosis rule {rule_id!r} lacks {exc}") from None
-    except ValueError as exc:
-        if isinstance(exc, PackError):
-            raise
-        raise PackError(f"diagnosis rule {rule_id!r}: {exc}") from None
+    return diagnosis_rule_from_spec(_checked(DiagnosisRuleSpec, data, "diagnosis rule"), source=source)
+
+
+def diagnosis_rule_from_spec(spec: DiagnosisRuleSpec, *, source: str = "builtin") -> DiagnosisRule:
+    default = reason(spec.reason)
+    return DiagnosisRule(
+        id=spec.id, reason=spec.reason, tier=spec.tier, patterns=tuple(spec.patterns),
+        origin=spec.origin or default.origin, action=spec.action or default.action,
+        mitigation=spec.mitigation.strip(), description=spec.description.strip(),
+        scope=spec.scope or "global", source=spec.source or source,
+        examples=spec.example_lines(), counter_examples=tuple(spec.counter_examples),
+    )
 
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -72,24 +62,33 @@ SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 times faster, a third of a short log's `diagnose` otherwise; the same documents either way."""
 
 
-def _load_yaml(path: Path) -> dict[str, Any]:
+def load_pack(path: Path) -> Pack:
+    """A pack file, checked against the pack schema (rules.pack_schema)."""
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise PackError(f"{path.name}: not valid YAML: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
         raise PackError(f"{path.name}: expected a mapping with a 'rules' list")
-    return data
+    try:
+        return Pack.model_validate(data)
+    except ValidationError as exc:
+        raise PackError(f"{path.name}: " + "; ".join(problems(exc, data))) from None
 
 
 def load_filter_pack(path: Path) -> list[FilterRule]:
-    data = _load_yaml(path)
-    scope = str(data.get("scope", "global"))
-    return [filter_rule_from_dict(item, scope=scope) for item in data["rules"]]
+    pack = load_pack(path)
+    return [filter_rule_from_spec(_as(FilterRuleSpec, rule, path), scope=pack.scope) for rule in pack.rules]
 
 
 def load_diagnosis_pack(path: Path) -> list[DiagnosisRule]:
-    return [diagnosis_rule_from_dict(item) for item in _load_yaml(path)["rules"]]
+    return [diagnosis_rule_from_spec(_as(DiagnosisRuleSpec, rule, path)) for rule in load_pack(path).rules]
+
+
+def _as(model: type[Spec], rule: FilterRuleSpec | DiagnosisRuleSpec, path: Path) -> Spec:
+    if not isinstance(rule, model):
+        raise PackError(f"{path.name}: rule {rule.id!r} is a {rule.kind} rule, in a folder of {model.__name__[:-8].lower()} rules")
+    return rule
 
 
 def builtin_filter_rules(packs_dir: Path = PACKS_DIR) -> list[FilterRule]:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from agents.samples import HELD_OUT_HEALTHY
@@ -23,7 +24,9 @@ from agents.validation import Validation, Validator, load_error_corpus, validate
 from rules.classifier import DiagnosisCompileError
 from rules.filters import FilterCompileError, FilterProgram
 from rules.model import DiagnosisRule, FilterRule, KeptLine, RuleKind, RuleStatus, Tier
-from rules.packs import PackError, diagnosis_rule_from_dict, filter_rule_from_dict
+from rules.pack_schema import DiagnosisRuleSpec, FilterRuleSpec, Pack
+from rules.pack_schema import problems as pack_problems
+from rules.packs import PackError, diagnosis_rule_from_spec, filter_rule_from_spec
 from rules.taxonomy import Action, Origin, is_reason
 from service.store import jobs as store
 from service.errors import Conflict, NotFound, Unprocessable
@@ -521,7 +524,8 @@ class PackLoader(yaml.SafeLoader):
 
 
 def parse_pack(text: str) -> list[dict[str, Any]]:
-    """The rules of a YAML pack as row fields (plus `examples`), or a 422 saying what is wrong."""
+    """The rules of a YAML pack as row fields (plus `examples`), or a 422 saying what is wrong
+    (the pack schema's checks, rules.pack_schema, then the ids and scopes the store allows)."""
     try:
         data = yaml.load(text, Loader=PackLoader)  # noqa: S506 - a SafeLoader without aliases
     except yaml.YAMLError as exc:
@@ -530,13 +534,18 @@ def parse_pack(text: str) -> list[dict[str, Any]]:
         raise Unprocessable("a rule pack is a YAML mapping with a 'rules' list")
     if len(data["rules"]) > MAX_PACK_RULES:
         raise Unprocessable(f"{len(data['rules'])} rules, more than {MAX_PACK_RULES} in one pack")
-    default_scope = data.get("scope", "global")
+    try:
+        pack = Pack.model_validate(data)
+    except ValidationError as exc:
+        found = pack_problems(exc, data)
+        raise Unprocessable("invalid rule pack, nothing was imported: " + "; ".join(found[:10]),
+                            problems=found) from None
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     problems: list[str] = []
-    for index, item in enumerate(data["rules"]):
+    for index, spec in enumerate(pack.rules):
         try:
-            fields = _pack_fields(item, default_scope)
+            fields = _pack_fields(spec, pack.scope)
         except (PackError, Unprocessable) as exc:
             problems.append(f"rule {index + 1}: {exc}")
             continue
@@ -551,40 +560,23 @@ def parse_pack(text: str) -> list[dict[str, Any]]:
     return out
 
 
-def _pack_fields(item: Any, default_scope: Any) -> dict[str, Any]:
-    if not isinstance(item, dict):
-        raise Unprocessable("each rule is a mapping")
-    rule_id = item.get("id")
-    if not isinstance(rule_id, str) or not RULE_ID_RE.fullmatch(rule_id):
-        raise Unprocessable(f"id {shown(rule_id)} is missing or not of letters, digits and ._:-")
-    if rule_id in RESERVED_IDS:
-        raise Unprocessable(f"id {rule_id!r} is reserved (a path of the admin API): choose another")
-    kind = item.get("kind") or (RuleKind.DIAGNOSIS.value if "reason" in item else RuleKind.FILTER.value)
-    if kind not in (RuleKind.FILTER, RuleKind.DIAGNOSIS):
-        raise Unprocessable(f"{rule_id}: kind must be filter or diagnosis, not {shown(kind)}")
-    for key in ("examples", "counter_examples"):
-        if item.get(key) is not None and not isinstance(item[key], list):
-            raise Unprocessable(f"{rule_id}: {key} must be a list")
-    examples = [e["line"] if isinstance(e, dict) and "line" in e else e for e in item.get("examples") or ()]
-    if not all(isinstance(e, str) for e in examples):
-        raise Unprocessable(f"{rule_id}: examples must be strings (or mappings with a 'line')")
-    counter = [str(c) for c in item.get("counter_examples") or ()]
-    scope = check_scope(item.get("scope", default_scope))
-    if kind == RuleKind.FILTER:
-        if not isinstance(item.get("pattern"), str):
-            raise Unprocessable(f"{rule_id}: a filter rule needs a pattern (a string)")
-        rule = filter_rule_from_dict({**item, "scope": scope}, scope=scope, trusted=False)
-        fields = {"kind": kind, "pattern": rule.pattern, "patterns": [], "reason": None, "tier": None,
-                  "origin": None, "action": None, "mitigation": ""}
+def _pack_fields(spec: FilterRuleSpec | DiagnosisRuleSpec, default_scope: str) -> dict[str, Any]:
+    if spec.id in RESERVED_IDS:
+        raise Unprocessable(f"id {spec.id!r} is reserved (a path of the admin API): choose another")
+    scope = check_scope(spec.scope or default_scope)
+    if isinstance(spec, FilterRuleSpec):
+        rule = filter_rule_from_spec(spec, scope=scope, trusted=False)
+        fields = {"kind": RuleKind.FILTER.value, "pattern": rule.pattern, "patterns": [], "reason": None,
+                  "tier": None, "origin": None, "action": None, "mitigation": ""}
     else:
-        rule = diagnosis_rule_from_dict({**item, "scope": scope})
-        fields = {"kind": kind, "pattern": rule.patterns[0] if rule.patterns else "",
-                  "patterns": list(rule.patterns), "reason": rule.reason, "tier": rule.tier.value,
-                  "origin": rule.origin.value, "action": rule.action.value, "mitigation": rule.mitigation}
-        if not all(isinstance(p, str) and p for p in rule.patterns) or not rule.patterns:
-            raise Unprocessable(f"{rule_id}: patterns must be a non-empty list of strings")
-    fields.update(id=rule_id, scope=scope, description=rule.description, examples=examples,
-                  counter_examples=counter, original_source=str(item.get("source") or ""))
+        diagnosis = diagnosis_rule_from_spec(spec.model_copy(update={"scope": scope}))
+        fields = {"kind": RuleKind.DIAGNOSIS.value, "pattern": diagnosis.patterns[0],
+                  "patterns": list(diagnosis.patterns), "reason": diagnosis.reason, "tier": diagnosis.tier.value,
+                  "origin": diagnosis.origin.value, "action": diagnosis.action.value,
+                  "mitigation": diagnosis.mitigation}
+        rule = diagnosis
+    fields.update(id=spec.id, scope=scope, description=rule.description, examples=list(spec.example_lines()),
+                  counter_examples=list(spec.counter_examples), original_source=spec.source or "")
     return fields
 
 
