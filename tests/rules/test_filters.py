@@ -175,6 +175,28 @@ def test_dense_metric_lines_are_sampled_and_the_last_one_is_always_read(seed: in
         [int(line.split("iteration")[1].split()[0]) for line in lines if "saved checkpoint" in line]
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_random_interleave_is_filtered_exactly_and_its_metric_lines_sampled(seed: int) -> None:
+    """No period to find (step lines between other kinds at random, as helix prints them):
+    the stream's shortcuts for it (the second successor tried before every rule, period
+    searches that back off, a sample point checked without reading the line) give the
+    reference's answer, and the sampled points are the lines they claim to be."""
+    rnd = random.Random(seed)
+    lines = [line_for(rnd.choice(["iter", "iter", "nccl", "timer", "unknown"]), rnd, step) for step in range(1, 6001)]
+    size = sum(len(line) + 1 for line in lines)
+    kept, stream, tracker = run_engine(lines, [size // 3, size // 2], sample_bytes=4096)
+    want_kept, want_stats = reference(lines)
+    assert [k.line_number for k in kept] == want_kept
+    assert {rid: (s.count, s.first_line, s.last_line) for rid, s in stream.rule_stats().items()} == want_stats
+    every = {n: line for n, line in enumerate(lines, 1) if "] iteration " in line}
+    numbers = [p.line_number for p in tracker.curve()]
+    assert numbers == sorted(set(numbers)) and set(numbers) <= set(every)
+    assert numbers[-1] == max(every), "the newest point is never skipped"
+    assert size // 4096 // 2 <= len(numbers) <= size // 4096 + 8
+    for point in tracker.curve():
+        assert f"iteration {point.step:8d}/" in every[point.line_number]
+
+
 @settings(max_examples=200, deadline=None)
 @given(lengths=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=200),
        shape=st.tuples(st.integers(1, 6), st.integers(0, 5), st.integers(1, 6)),
