@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 import re2
 
@@ -103,6 +104,7 @@ def _re2_options() -> re2.Options:
     return opts
 
 
+@lru_cache(maxsize=4096)
 def _line_program(pattern: str) -> str:
     return "%s(?:%s)" % (ENVELOPE_PATTERN, non_capturing(line_language(pattern)))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import re._constants as sre_c  # noqa: PLC2701 - the parse tree is the only exact way to inspect a pattern
 import re._parser as sre_parse  # noqa: PLC2701
+from functools import lru_cache
 
 import re2
 
@@ -32,8 +33,11 @@ class NotLinear(ValueError):
     """A pattern RE2 cannot run: it needs backtracking, or RE2 does not parse it."""
 
 
+@lru_cache(maxsize=4096)
 def backtracking_feature(pattern: str) -> str | None:
-    """The first feature of `pattern` that only a backtracking engine has, or None."""
+    """The first feature of `pattern` that only a backtracking engine has, or None.
+    Remembered per pattern: every filter program checks each of its rules, and the Log
+    Agent builds dozens of programs from mostly the same rules while it learns."""
     try:
         tree = sre_parse.parse(pattern)
     except (re.error, RecursionError, OverflowError):
