@@ -457,7 +457,9 @@ def agent_may_replace(root: RootCauseView | None, rule_tier: Tier | None, line: 
     a line of a stronger tier than the rules' own line, and at least a recognised cause. A
     line the knowledge base only loosely recognises (generic) never overrides a rule.
     A signal that killed the job with no exception of its own (`evidence:`) stands as a
-    cause-tier rule does: the launcher's report of that exit is not another failure. A line
+    cause-tier rule does: the launcher's report of that exit is not another failure, and
+    the nearest incidents of that very line do not relabel it (they are other exits of the
+    same launcher: the embedding cannot tell `return code = -9` from `= 1`). A line
     that says nothing of an error by its own words (`error_like`: a wrapped line's tail, a
     config echo) replaces no named root cause, however near an incident it retrieves.
     """
@@ -467,7 +469,7 @@ def agent_may_replace(root: RootCauseView | None, rule_tier: Tier | None, line: 
         return False
     if rule_id_of(root.source) is None and not root.source.startswith("evidence:"):
         return True
-    if line == root.line:
+    if line == root.line and not root.source.startswith("evidence:"):
         return True
     rule_rank = TIER_RANK[rule_tier] if rule_tier is not None else TIER_RANK[Tier.CAUSE]
     rank = TIER_RANK[tier]

@@ -162,6 +162,13 @@ def test_an_agent_answer_replaces_a_signals_evidence_only_with_a_stronger_tier()
     launcher = "[ERROR] [launch.py:320:sigkill_handler] ['/opt/conda/bin/python', '-u', 'train.py',"
     # a guess from the nearest incidents on the launcher's own report of that exit: no
     assert not agent_may_replace(killed, None, launcher, "import_error", Tier.CAUSE)
+    # nor a relabelling of the exit line itself: its neighbours are the launcher's other
+    # exits (`return code = 1`: called_process_error), the -9 is what the evidence read
+    assert not agent_may_replace(killed, None, killed.line, "called_process_error", Tier.CAUSE)
+    # while a rule's own line is the agent's to relabel
+    generic = RootCauseView("runtime_error", "framework", "user", "RuntimeError: boom", 3, "a.log", None, None, 0.5,
+                            "rule:python.runtime-error")
+    assert agent_may_replace(generic, Tier.GENERIC, generic.line, "cuda_error", Tier.CAUSE)
     # a hardware fault the rules did not know: yes
     assert agent_may_replace(killed, None, "GPU 3 has fallen off the bus", "cuda_error", Tier.HARDWARE)
     # nor a line that says nothing of an error (a wrapped line's tail), over a rule's symptom
