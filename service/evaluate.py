@@ -70,6 +70,8 @@ class Guess:
     origin: str | None
     line: str | None
     status: str | None = None
+    source: str | None = None
+    """What named it (`rule:<id>`, `retrieval`, `evidence:<signal>`): ours only."""
 
 
 @dataclass
@@ -200,7 +202,7 @@ def score(results: Sequence[Scored]) -> Report:
         if not all(ok.values()):
             report.mistakes.append({"file": r.label.file, "want": [r.label.reason, r.label.origin],
                                     "got": [r.ours.reason, r.ours.origin, r.ours.status],
-                                    "line_right": ok["line"], "error": r.error})
+                                    "named_by": r.ours.source, "line_right": ok["line"], "error": r.error})
     for reason_id, count in predicted.items():
         report.per_reason.setdefault(reason_id or "none", {"logs": 0, "right": 0, "predicted": 0})["predicted"] = count
     report.seconds_per_log = round(sum(r.seconds for r in results) / max(len(results), 1), 3)
@@ -276,7 +278,7 @@ def evaluate(folder: Path, labels: Sequence[Label], diagnose: Callable[[Path], d
             d, error = {}, f"{type(exc).__name__}: {exc}"
         seconds = time.perf_counter() - started
         root = d.get("root_cause") or {}
-        ours = Guess(root.get("reason"), root.get("origin"), root.get("line"), d.get("status"))
+        ours = Guess(root.get("reason"), root.get("origin"), root.get("line"), d.get("status"), root.get("source"))
         results.append(Scored(label, ours, first, last, seconds, error))
         if on_progress is not None:
             on_progress(len(results), len(labels))
