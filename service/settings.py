@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict,
+                               TomlConfigSettingsSource)
 
 from service.errors import ConfigError
 
@@ -142,7 +143,7 @@ class Settings(BaseSettings):
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
                                    env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
                                    file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, _ConfigFileSource(settings_cls), file_secret_settings
+        return init_settings, env_settings, _config_file_source(settings_cls), file_secret_settings
 
     @field_validator("llm_base_url", "webhook_url", "server_url", "public_url")
     @classmethod
@@ -241,35 +242,33 @@ def is_placeholder(token: str) -> bool:
             or any(word in plain for word in ("changeme", "change-me", "changethis", "placeholder")))
 
 
-class _ConfigFileSource(PydanticBaseSettingsSource):
-    """FAULTLINE_CONFIG names a TOML file with the same keys (without the prefix)."""
+def _config_file_source(settings_cls: type[BaseSettings]) -> PydanticBaseSettingsSource:
+    """FAULTLINE_CONFIG names a TOML file with the same keys (without the prefix), read by
+    pydantic-settings' own TOML source. A file that is missing or not TOML, or a key that is
+    no setting, is an error naming it: a typo must not leave a setting at its default
+    without a word."""
+    path = os.environ.get("FAULTLINE_CONFIG")
+    if not path:
+        return InitSettingsSource(settings_cls, {})
+    import tomllib
 
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
+    try:
+        if not Path(path).is_file():
+            raise OSError(f"no such file: {path}")
+        source = TomlConfigSettingsSource(settings_cls, toml_file=Path(path))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read FAULTLINE_CONFIG {path!r}: {exc}") from None
+    unknown = [key for key in source.toml_data if key not in Settings.model_fields]
+    if unknown:
+        import difflib
 
-    def __call__(self) -> dict[str, Any]:
-        path = os.environ.get("FAULTLINE_CONFIG")
-        if not path:
-            return {}
-        import tomllib
-
-        try:
-            with open(path, "rb") as handle:
-                data = tomllib.load(handle)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read FAULTLINE_CONFIG {path!r}: {exc}") from None
-        unknown = [key for key in data if key not in Settings.model_fields]
-        if unknown:
-            # a typo must not leave a setting at its default without a word
-            import difflib
-
-            hints = []
-            for key in unknown:
-                close = difflib.get_close_matches(key.lower().removeprefix("faultline_"), Settings.model_fields, n=1)
-                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-            raise ConfigError(f"FAULTLINE_CONFIG {path!r}: unknown setting(s) {', '.join(hints)}; "
-                              "keys are the FAULTLINE_* variable names in lower case, without the prefix")
-        return data
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key.lower().removeprefix("faultline_"), Settings.model_fields, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(f"FAULTLINE_CONFIG {path!r}: unknown setting(s) {', '.join(hints)}; "
+                          "keys are the FAULTLINE_* variable names in lower case, without the prefix")
+    return source
 
 
 def _message(error: Any) -> str:
