@@ -15,6 +15,7 @@ from pathlib import Path
 import re2
 import yaml
 
+from rules.disk_cache import derived_json
 from rules.packs import SAFE_LOADER
 
 try:  # the wheel is x86-64/aarch64 Linux and macOS only
@@ -34,8 +35,12 @@ class GuardPattern:
 
 
 def load_guard_patterns(path: Path = ERROR_LIKE_FILE) -> list[GuardPattern]:
-    data = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
-    return [GuardPattern(p["pattern"], bool(p.get("caseless", False))) for p in data["patterns"]]
+    """The error-like patterns, kept parsed in the cache directory (rules.disk_cache)."""
+    def parse() -> list[dict]:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
+        return [{"pattern": p["pattern"], "caseless": bool(p.get("caseless", False))} for p in data["patterns"]]
+
+    return [GuardPattern(**row) for row in derived_json("guard-patterns", [path, Path(__file__)], parse)]
 
 
 def _line_spans(data: bytes, offsets: Sequence[int]) -> list[tuple[int, int]]:

@@ -1,0 +1,62 @@
+"""Parsed rule packs and guard patterns kept on disk (rules.disk_cache.derived_json): the
+same rules as parsing the YAML, a new entry when a pack changes, a damaged entry parsed
+again, and a malformed pack still an error."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rules import packs
+from rules.disk_cache import derived_json
+from rules.guard import load_guard_patterns
+from rules.packs import PACKS_DIR, PackError, builtin_diagnosis_rules, builtin_filter_rules
+
+
+def test_cached_packs_are_the_packs_as_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAULTLINE_CACHE_DIR", str(tmp_path))
+    parsed_filters = [r for p in sorted((PACKS_DIR / "filters").glob("*.yaml")) for r in packs.load_filter_pack(p)]
+    parsed_diagnosis = [r for p in sorted((PACKS_DIR / "diagnosis").glob("*.yaml")) for r in packs.load_diagnosis_pack(p)]
+    for _ in range(2):  # derived and stored, then read back
+        assert builtin_filter_rules() == parsed_filters
+        assert builtin_diagnosis_rules() == parsed_diagnosis
+        assert load_guard_patterns() and all(p.pattern for p in load_guard_patterns())
+    assert sorted(e.name.split("-rules-")[0] for e in tmp_path.glob("*-rules-*.json")) == ["diagnosis", "filter"]
+
+
+def test_a_changed_pack_is_parsed_again_and_a_bad_one_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAULTLINE_CACHE_DIR", str(tmp_path / "cache"))
+    copy = tmp_path / "packs"
+    shutil.copytree(PACKS_DIR, copy)
+    before = builtin_filter_rules(copy)
+    pack = copy / "filters" / "global.yaml"
+    pack.write_text(pack.read_text() + "  - id: extra.rule\n    pattern: 'extra line \\d+'\n    examples: ['extra line 7']\n")
+    after = builtin_filter_rules(copy)
+    assert {r.id for r in after} == {r.id for r in before} | {"extra.rule"} and len(after) == len(before) + 1
+    pack.write_text(pack.read_text() + "  - id: bad.rule\n    pattern: 'x'\n    counter_example: ['y']\n")
+    with pytest.raises(PackError, match="counter_example"):
+        builtin_filter_rules(copy)
+    with pytest.raises(PackError, match="counter_example"):  # nothing was kept for it
+        builtin_filter_rules(copy)
+
+
+def test_a_damaged_entry_is_derived_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAULTLINE_CACHE_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "input.txt"
+    source.write_text("a")
+    calls = []
+
+    def derive() -> list:
+        calls.append(1)
+        return [{"n": len(calls)}]
+
+    assert derived_json("thing", [source], derive) == [{"n": 1}]
+    assert derived_json("thing", [source], derive) == [{"n": 1}] and len(calls) == 1
+    (entry,) = (tmp_path / "cache").glob("thing-*.json")
+    entry.write_bytes(b'[{"n": ')  # cut short
+    assert derived_json("thing", [source], derive) == [{"n": 2}]
+    source.write_text("b")  # another input: another entry
+    assert derived_json("thing", [source], derive) == [{"n": 3}]
+    assert len(list((tmp_path / "cache").glob("thing-*.json"))) == 2
