@@ -14,20 +14,17 @@ incidents that have no vector for this model yet.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import yaml
 
 from agents.embeddings import Embedder, embedding_text, from_bytes, to_bytes
-from agents.templates import mask
-from rules.envelope import split_envelope
+from agents.incidents import Incident, IncidentSource, StoredIncident, incident_id
 from rules.model import TIER_RANK, DiagnosisRule, Tier
 from rules.packs import PACKS_DIR, SAFE_LOADER
 from rules.taxonomy import REASONS, reason
@@ -38,20 +35,6 @@ NEIGHBOURS = 8
 VOTE_SHARPNESS = 20.0
 """Weight of a neighbour is exp(sharpness * similarity): a close match outweighs several
 loose ones (0.1 more similarity is worth e^2 = 7.4 times the weight)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Incident:
-    id: str
-    text: str
-    reason: str
-    origin: str
-    tier: str
-    category: str | None = None
-    mitigation: str = ""
-    confirmed_by: str = ""
-    """`taxonomy`, `builtin_rule`, `rule:<id>`, `admin`, `label`."""
-    job_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +60,6 @@ class Vote:
     @property
     def confidence(self) -> float:
         return round(max(0.0, min(1.0, self.share * self.similarity)), 2)
-
-
-def incident_id(kind: str, reason_id: str, text: str) -> str:
-    """Stable id: the same failure text with the same label is one incident, however often
-    it is confirmed (values such as hosts and numbers are masked out first)."""
-    shape = mask(split_envelope(text).message.strip())
-    digest = hashlib.sha1(f"{reason_id}\x00{shape}".encode()).hexdigest()[:20]
-    return f"{kind}:{digest}"
 
 
 def reason_tier(reason_id: str, rules: Sequence[DiagnosisRule]) -> Tier:
@@ -192,28 +167,6 @@ def vote(neighbours: Sequence[Neighbour], *, sharpness: float = VOTE_SHARPNESS) 
 
 
 # -- storage -----------------------------------------------------------------------------------
-@dataclass
-class StoredIncident:
-    incident: Incident
-    embedding: bytes | None = None
-    embedding_model: str = ""
-
-
-class IncidentSource(Protocol):
-    """Where incidents live (the database)."""
-
-    def ids(self) -> list[str]:
-        """Every stored incident's id, oldest first."""
-
-    def get(self, ids: Sequence[str]) -> list[StoredIncident]:
-        """These incidents, with their stored vectors, in the order given."""
-
-    def save_embeddings(self, vectors: dict[str, bytes], model: str) -> None: ...
-
-    def add(self, incidents: Sequence[Incident]) -> None:
-        """Store new incidents (ids already stored are left as they are)."""
-
-
 class MemoryIncidents:
     """An IncidentSource in memory, for tests and benchmarks."""
 

@@ -156,7 +156,8 @@ def agent_on_log(path: Path, embedder, repeat: int = 1) -> dict:
 
 def knowledge_base(n: int, embed_n: int, embedder) -> dict:
     from agents.embeddings import embedding_text, to_bytes
-    from agents.knowledge import Incident, KnowledgeBase, MemoryIncidents, incident_id, seed_incidents
+    from agents.incidents import Incident, incident_id
+    from agents.knowledge import KnowledgeBase, MemoryIncidents, seed_incidents
     from agents.vector_store import FaissIndex
     from fixtures.logs.novel_failures import generate_all
     from rules.packs import builtin_diagnosis_rules

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from agents.knowledge import Incident, StoredIncident, incident_id
+from agents.incidents import Incident, StoredIncident, incident_id
 from agents.writeback import LabelledLine
 from rules.model import DiagnosisRule, RuleKind, Tier
 from rules.taxonomy import REASONS, Origin, reason

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from agents.embeddings import DIM, LazyEmbedder, embedding_text, from_bytes, model_path, to_bytes
-from agents.knowledge import KnowledgeBase, MemoryIncidents, incident_id, seed_incidents, vote
+from agents.incidents import incident_id
+from agents.knowledge import KnowledgeBase, MemoryIncidents, seed_incidents, vote
 from agents.vector_store import FaissIndex
 from rules.packs import builtin_diagnosis_rules
 from service.store.db import Database
@@ -101,7 +102,7 @@ def test_a_replica_rebuilds_its_index_from_stored_vectors_without_embedding(mini
     assert Counting.texts == 0 and replica.embedded_now == 0 and len(replica.index) == len(seeds)
     # a restart reloads the saved index; only a new incident is embedded
     restarted = KnowledgeBase(source, Counting(), index_dir=tmp_path / "replica-b")
-    from agents.knowledge import Incident
+    from agents.incidents import Incident
 
     line = "gpu-a07: NVRM: GPU at PCI:0000:3b:00: GPU-8f3c: GPU has fallen into a coma"
     restarted.add([Incident(incident_id("confirmed", "node_failure", line), line, "node_failure", "infrastructure",

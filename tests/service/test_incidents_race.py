@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from agents.knowledge import Incident, incident_id
+from agents.incidents import Incident, incident_id
 from service.store.db import Database
 from service.store.incidents import add_incidents
 from service.store.models import Incident as IncidentRow
