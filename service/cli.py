@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from service.errors import ConfigError, FaultlineError
-from service.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from rules.job import JobMeta, JobRun
+    from service.settings import Settings
     from rules.model import KeptLine
     from rules.verdict import Diagnosis
     from service.ingest.sources import ProgressLine
@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 # the `server` extra), and --help need not load the rules.
 
 EXIT_OK, EXIT_USAGE = 0, 2
+
+
+def load_settings(**overrides: Any) -> Settings:
+    # pydantic-settings is a third of `faultline --help`'s start: read on first use
+    from service.settings import load_settings as load
+
+    return load(**overrides)
 
 
 class _Parser(argparse.ArgumentParser):

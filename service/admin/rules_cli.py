@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from rules.model import RuleKind, RuleStatus
 from service.errors import BadInput
-from service.settings import load_settings
 
 if TYPE_CHECKING:
     from service.store.db import Database
 
-# The store (SQLAlchemy) is imported by the commands that use it, not by `faultline --help`,
-# which builds this parser too: importing it was half a second of every --help.
+# The store (SQLAlchemy) and the settings (pydantic-settings) are imported by the commands
+# that use them, not by `faultline --help`, which builds this parser too: importing them was
+# half a second of every --help.
 
 EXIT_OK = 0
 
@@ -37,6 +37,7 @@ class Subcommand:
 
 
 def open_db() -> Database:
+    from service.settings import load_settings
     from service.store.db import open_database
 
     return open_database(load_settings())
@@ -182,7 +183,6 @@ def _configure_export(p: argparse.ArgumentParser) -> None:
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     from service.admin import review
-    from service.store import jobs as store
 
     db = open_db()
     try:
