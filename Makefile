@@ -57,6 +57,8 @@ bench: install
 	$(BIN)/python -m bench.filter_bench
 	# formats no pack knows: first run (the Log Agent learns) and second, beside ripgrep
 	$(BIN)/python -m bench.unknown_formats_bench
+	# what a short command costs before it reads a line (--help, a 10-line diagnose)
+	$(BIN)/python -m bench.startup_bench
 	# right on real logs it was never tuned on: the real corpus's test split, beside the baselines
 	$(BIN)/faultline eval fixtures/real --split test
 
