@@ -78,9 +78,11 @@ class DiagnosisRule:
     counter_examples: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class KeptLine:
-    """A line that survived filtering."""
+    """A line that survived filtering. Never changed once made (`dataclasses.replace` makes a
+    changed copy), yet not `frozen`: a frozen dataclass's __init__ costs four times as much,
+    and a log that no rule knows makes one of these per line."""
 
     line_number: int
     """1-based, within its source."""

@@ -289,9 +289,13 @@ def cmd_compress(args: argparse.Namespace, out: TextIO) -> int:
             first = [True]
 
             def emit_json(lines: list[KeptLine]) -> None:
-                for line in lines:
-                    out.write(("" if first[0] else ",") + "\n  " + json.dumps(line.text))
-                    first[0] = False
+                if not lines:
+                    return
+                # one write per batch, each text as json.dumps writes a string (its C encoder,
+                # called directly: a log whose every line is kept was a third json.dumps calls)
+                quoted = json.encoder.encode_basestring_ascii
+                out.write(("" if first[0] else ",") + ",".join("\n  " + quoted(line.text) for line in lines))
+                first[0] = False
 
             run, diagnosis = _run_job(ctx, [args.path], meta, on_kept=emit_json, diagnose=False)
             summary = {**diagnosis.compression, "filtered": diagnosis.filtered,
