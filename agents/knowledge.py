@@ -191,6 +191,14 @@ class MemoryIncidents:
             self.rows.setdefault(item.id, StoredIncident(item))
 
 
+EMBED_BATCH = 256
+"""Incidents embedded between two looks at `KnowledgeBase.stop` (a second or two of CPU)."""
+
+
+class Stopped(RuntimeError):
+    """The process is shutting down: the knowledge base was left part-built."""
+
+
 @dataclass
 class KnowledgeBase:
     """Incidents and their FAISS index; `refresh()` brings the index up to the source."""
@@ -202,6 +210,9 @@ class KnowledgeBase:
     incidents: dict[str, Incident] = field(default_factory=dict)
     embedded_now: int = 0
     """Incidents this process had to embed (the rest came with stored vectors)."""
+    stop: threading.Event | None = None
+    """Set when the process shuts down: embedding stops between batches (Stopped), what was
+    embedded so far stays stored, and the next start goes on from there."""
     _index: object | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -247,12 +258,15 @@ class KnowledgeBase:
                 missing.append(i)
             else:
                 out[i] = vector
-        if missing:
-            fresh = self.embedder.embed([embedding_text(rows[i].incident.text) for i in missing])
-            out[missing] = fresh
-            self.source.save_embeddings({rows[i].incident.id: to_bytes(v) for i, v in zip(missing, fresh, strict=True)},
+        for start in range(0, len(missing), EMBED_BATCH):
+            if self.stop is not None and self.stop.is_set():
+                raise Stopped(f"stopped after embedding {start} of {len(missing)} incidents")
+            batch = missing[start:start + EMBED_BATCH]
+            fresh = self.embedder.embed([embedding_text(rows[i].incident.text) for i in batch])
+            out[batch] = fresh
+            self.source.save_embeddings({rows[i].incident.id: to_bytes(v) for i, v in zip(batch, fresh, strict=True)},
                                         self.embedder.model_name)
-            self.embedded_now += len(missing)
+            self.embedded_now += len(batch)
         return out
 
     def add(self, incidents: Sequence[Incident]) -> int:

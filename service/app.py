@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -67,10 +68,34 @@ def _log_to_stderr() -> None:
         ours.setLevel(logging.INFO)
 
 
-def _preload_done(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        # the first log that needs the agent builds it again, and says why if it fails
-        log.warning("the Failure Agent could not be preloaded: %s", task.exception())
+PRELOAD_STOP_WAIT_S = 3.0
+"""At shutdown, how long to wait for the Failure Agent's build to stop: it stops between two
+batches of embeddings, but loading the model (12 s on this 2-core machine) cannot be
+interrupted, and a container's grace period is often 10 s. A batch of embeddings takes
+about 2.5 s here."""
+
+
+class _Preload(threading.Thread):
+    """The Failure Agent's build at start, in a daemon thread: a shutdown waits for it at most
+    PRELOAD_STOP_WAIT_S (a daemon thread ends with the process; a thread of asyncio's
+    executor would be joined at exit, however long the model load still takes)."""
+
+    def __init__(self, agent: object):
+        super().__init__(name="failure-agent-preload", daemon=True)
+        self.failure_agent = agent
+
+    def run(self) -> None:
+        from agents.knowledge import Stopped
+
+        try:
+            self.failure_agent.agent()
+        except Stopped:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the first log that needs the agent builds it again, and says why
+            log.warning("the Failure Agent could not be preloaded: %s", exc)
+
+    def done(self) -> bool:
+        return not self.is_alive()
 
 
 def create_app(settings: Settings | None = None, *, embedder: object | None = None) -> FastAPI:
@@ -101,8 +126,8 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
         if ctx.failure_agent is not None and settings.preload_failure_agent:
             # in a thread: the model's load is CPU work; a request that needs the agent
             # meanwhile waits for the same build (LazyFailureAgent's lock), never a second one
-            warming = asyncio.create_task(asyncio.to_thread(ctx.failure_agent.agent), name="failure-agent-preload")
-            warming.add_done_callback(_preload_done)
+            warming = _Preload(ctx.failure_agent)
+            warming.start()
             app.state.failure_agent_preload = warming
         if outbox.enabled:
             deliverer = Deliverer(settings, ctx.db, registry)
@@ -114,8 +139,10 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if warming is not None:
-                # a thread cannot be cancelled: let the build finish before the database closes
-                await asyncio.gather(warming, return_exceptions=True)
+                # a thread cannot be cancelled: the build stops at its next batch of embeddings
+                # (a slow machine took longer than a container's grace period to finish it)
+                ctx.failure_agent.stopping.set()
+                await asyncio.to_thread(warming.join, PRELOAD_STOP_WAIT_S)
             ctx.close()
 
     # /docs (Swagger UI) and /redoc from the files fastapi-offline ships: FastAPI's own pages

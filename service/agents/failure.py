@@ -187,6 +187,8 @@ class LazyFailureAgent:
         self.embedder = embedder or LazyEmbedder(_load_minilm)
         self._agent: FailureAgent | None = None
         self._lock = threading.Lock()
+        self.stopping = threading.Event()
+        """Set at shutdown: a build under way stops at its next batch (agents.knowledge.Stopped)."""
         self.closers: list = []
         self.on_load: Callable[[], None] | None = None
         """Called once, before the agent (its model and knowledge base) is built: the CLI says
@@ -207,7 +209,8 @@ class LazyFailureAgent:
     def _build(self) -> FailureAgent:
         source = incidents.DbIncidents(self.db)
         source.seed(seed_incidents(self.rulebook.builtin_diagnosis, withheld_sources=self.withheld_sources))
-        knowledge = KnowledgeBase(source, self.embedder, index_dir=self.settings.data_dir / INDEX_FOLDER)
+        knowledge = KnowledgeBase(source, self.embedder, index_dir=self.settings.data_dir / INDEX_FOLDER,
+                                  stop=self.stopping)
         knowledge.refresh()
         llm = None
         if self.settings.llm_configured:

@@ -119,3 +119,33 @@ def test_the_vote_weights_close_incidents_over_many_loose_ones(minilm) -> None:
     assert result.reason == "os_error" and result.origin == "user"
     assert result.similarity == max(n.similarity for n in found if n.incident.reason == "os_error")
     assert 0 < result.share <= 1 and result.confidence <= round(result.similarity, 2)  # confidence is rounded
+
+
+def test_a_build_stopped_at_shutdown_keeps_what_it_embedded_and_the_next_goes_on(minilm, tmp_path) -> None:
+    import threading
+
+    from agents.knowledge import EMBED_BATCH, Stopped
+
+    db = Database(f"sqlite:///{tmp_path / 'kb.db'}")
+    db.create_schema()
+    source = DbIncidents(db)
+    seeds = seed_incidents(builtin_diagnosis_rules())
+    assert len(seeds) > 2 * EMBED_BATCH
+    source.seed(seeds)
+    stop = threading.Event()
+
+    class StopsAfterOneBatch:  # the real model; the shutdown arrives while it embeds
+        model_name, dim = minilm.model_name, minilm.dim
+
+        def embed(self, texts):
+            stop.set()
+            return minilm.embed(texts)
+
+    first = KnowledgeBase(source, StopsAfterOneBatch(), index_dir=tmp_path / "idx", stop=stop)
+    with pytest.raises(Stopped, match=f"after embedding {EMBED_BATCH} of {len(seeds)}"):
+        first.refresh()
+    assert first.embedded_now == EMBED_BATCH
+    again = KnowledgeBase(source, minilm, index_dir=tmp_path / "idx")
+    again.refresh()
+    assert again.embedded_now == len(seeds) - EMBED_BATCH and len(again.index) == len(seeds)
+    db.close()
