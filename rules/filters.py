@@ -392,9 +392,10 @@ class FilterStream:
             return
         if (extractor.sampled and self.bytes_in >= self.sample_after and self.sample_bytes > 0
                 and (self.bytes_in + stop) // self.sample_bytes == self._sampled_upto[k]):
-            # _extract's most common answer, without its call: no sample point in this run,
-            # so only its last line is remembered (a format that interleaves its metric lines
-            # with others at random makes a run of every few lines: 110,000 in 91 MB of helix)
+            # _extract's most common answer (its own sampled-interval test, kept in step with
+            # it), without its call: no sample point in this run, so only its last line is
+            # remembered (a format that interleaves its metric lines with others at random
+            # makes a run of every few lines: 110,000 in 91 MB of helix)
             self._pending[k] = (self.lines_in, data, start, stop, n - 1, 0)
             return
         self._extract(k, _Span(data, start, stop, n), first_line, n, 0, n)
