@@ -21,6 +21,8 @@ from rules.model import Tier
 from rules.taxonomy import REASONS, Action, Origin
 
 SCHEMA_FILE = Path(__file__).parent / "packs" / "schema.json"
+RULE_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
+"""A rule's id: it is also a path segment of the admin API and page."""
 
 
 class _Strict(BaseModel):
@@ -35,7 +37,7 @@ class Example(_Strict):
 
 
 class _Rule(_Strict):
-    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    id: str = Field(pattern=f"^{RULE_ID_PATTERN}$")
     description: str = ""
     scope: str | None = Field(None, description="`global`, `framework:<name>` or `family:<name>`; "
                                                 "a filter pack's own `scope` when missing.")

@@ -51,13 +51,13 @@ def diagnosis_rule_from_dict(data: dict[str, Any], *, source: str = "builtin") -
     return diagnosis_rule_from_spec(_checked(DiagnosisRuleSpec, data, "diagnosis rule"), source=source)
 
 
-def diagnosis_rule_from_spec(spec: DiagnosisRuleSpec, *, source: str = "builtin") -> DiagnosisRule:
+def diagnosis_rule_from_spec(spec: DiagnosisRuleSpec, *, scope: str = "global", source: str = "builtin") -> DiagnosisRule:
     default = reason(spec.reason)
     return DiagnosisRule(
         id=spec.id, reason=spec.reason, tier=spec.tier, patterns=tuple(spec.patterns),
         origin=spec.origin or default.origin, action=spec.action or default.action,
         mitigation=spec.mitigation.strip(), description=spec.description.strip(),
-        scope=spec.scope or "global", source=spec.source or source,
+        scope=spec.scope or scope, source=spec.source or source,
         examples=spec.example_lines(), counter_examples=tuple(spec.counter_examples),
     )
 
@@ -92,7 +92,8 @@ def load_diagnosis_pack(path: Path) -> list[DiagnosisRule]:
 
 def _as(model: type[Spec], rule: FilterRuleSpec | DiagnosisRuleSpec, path: Path) -> Spec:
     if not isinstance(rule, model):
-        raise PackError(f"{path.name}: rule {rule.id!r} is a {rule.kind} rule, in a folder of {model.__name__[:-8].lower()} rules")
+        wanted = model.model_fields["kind"].default
+        raise PackError(f"{path.name}: rule {rule.id!r} is a {rule.kind} rule, in a folder of {wanted} rules")
     return rule
 
 

@@ -312,17 +312,13 @@ def run_eval(folder: Path, *, split: str | None, settings_overrides: dict[str, A
     overlap = any(label.source in known for label in labels)
     folds = [[label for label in labels if _fold(label.source) == k] for k in range(FOLDS)] if overlap else [labels]
     embedder = embedder or LazyEmbedder(load_minilm)  # one model for every fold
-    done = 0
-
-    def progress(_done: int, _total: int) -> None:
-        nonlocal done
-        done += 1
-        if on_progress is not None:
-            on_progress(done, len(labels))
-
     results: list[Scored] = []
     for part in folds:
-        withheld = frozenset(label.source for label in part if label.source) if overlap else frozenset()
+        def progress(done: int, _total: int, before: int = len(results)) -> None:
+            if on_progress is not None:
+                on_progress(before + done, len(labels))
+
+        withheld = frozenset(label.source for label in part if label.source)  # none is known when not overlap
         results += _score_part(folder, part, settings_overrides, embedder, withheld, progress)
     order = {label.file: n for n, label in enumerate(labels)}
     report = score(sorted(results, key=lambda r: order[r.label.file]))

@@ -24,7 +24,7 @@ from agents.validation import Validation, Validator, load_error_corpus, validate
 from rules.classifier import DiagnosisCompileError
 from rules.filters import FilterCompileError, FilterProgram
 from rules.model import DiagnosisRule, FilterRule, KeptLine, RuleKind, RuleStatus, Tier
-from rules.pack_schema import DiagnosisRuleSpec, FilterRuleSpec, Pack
+from rules.pack_schema import RULE_ID_PATTERN, DiagnosisRuleSpec, FilterRuleSpec, Pack
 from rules.pack_schema import problems as pack_problems
 from rules.packs import PackError, diagnosis_rule_from_spec, filter_rule_from_spec
 from rules.taxonomy import Action, Origin, is_reason
@@ -36,7 +36,7 @@ from rules.rulebook import Rulebook
 
 PACK_FORMAT = "faultline-rules/1"
 SCOPE_RE = re.compile(r"global|(?:framework|family):[a-z0-9][a-z0-9._+-]{0,200}")
-RULE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+RULE_ID_RE = re.compile(RULE_ID_PATTERN)
 EVIDENCE_CUT = 500
 """The Log Agent stores evidence lines cut at this length; a cut line is not an example."""
 STORED_ERROR_LINES = 5000
@@ -569,12 +569,10 @@ def _pack_fields(spec: FilterRuleSpec | DiagnosisRuleSpec, default_scope: str) -
         fields = {"kind": RuleKind.FILTER.value, "pattern": rule.pattern, "patterns": [], "reason": None,
                   "tier": None, "origin": None, "action": None, "mitigation": ""}
     else:
-        diagnosis = diagnosis_rule_from_spec(spec.model_copy(update={"scope": scope}))
-        fields = {"kind": RuleKind.DIAGNOSIS.value, "pattern": diagnosis.patterns[0],
-                  "patterns": list(diagnosis.patterns), "reason": diagnosis.reason, "tier": diagnosis.tier.value,
-                  "origin": diagnosis.origin.value, "action": diagnosis.action.value,
-                  "mitigation": diagnosis.mitigation}
-        rule = diagnosis
+        rule = diagnosis_rule_from_spec(spec, scope=scope)
+        fields = {"kind": RuleKind.DIAGNOSIS.value, "pattern": rule.patterns[0], "patterns": list(rule.patterns),
+                  "reason": rule.reason, "tier": rule.tier.value, "origin": rule.origin.value,
+                  "action": rule.action.value, "mitigation": rule.mitigation}
     fields.update(id=spec.id, scope=scope, description=rule.description, examples=list(spec.example_lines()),
                   counter_examples=list(spec.counter_examples), original_source=spec.source or "")
     return fields

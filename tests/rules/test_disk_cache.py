@@ -8,10 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rules import packs
 from rules.disk_cache import derived_json
-from rules.guard import load_guard_patterns
+from rules.guard import ERROR_LIKE_FILE, load_guard_patterns
 from rules.packs import PACKS_DIR, PackError, builtin_diagnosis_rules, builtin_filter_rules
 
 
@@ -19,11 +20,14 @@ def test_cached_packs_are_the_packs_as_parsed(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("FAULTLINE_CACHE_DIR", str(tmp_path))
     parsed_filters = [r for p in sorted((PACKS_DIR / "filters").glob("*.yaml")) for r in packs.load_filter_pack(p)]
     parsed_diagnosis = [r for p in sorted((PACKS_DIR / "diagnosis").glob("*.yaml")) for r in packs.load_diagnosis_pack(p)]
+    parsed_guard = yaml.safe_load(ERROR_LIKE_FILE.read_text())["patterns"]
     for _ in range(2):  # derived and stored, then read back
         assert builtin_filter_rules() == parsed_filters
         assert builtin_diagnosis_rules() == parsed_diagnosis
-        assert load_guard_patterns() and all(p.pattern for p in load_guard_patterns())
+        assert [(p.pattern, p.caseless) for p in load_guard_patterns()] == \
+            [(p["pattern"], bool(p.get("caseless", False))) for p in parsed_guard]
     assert sorted(e.name.split("-rules-")[0] for e in tmp_path.glob("*-rules-*.json")) == ["diagnosis", "filter"]
+    assert len(list(tmp_path.glob("guard-patterns-*.json"))) == 1
 
 
 def test_a_changed_pack_is_parsed_again_and_a_bad_one_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
