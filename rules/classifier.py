@@ -99,7 +99,7 @@ class DiagnosisProgram:
         m = self._readers[best](message)
         groups = {k: v for k, v in m.groupdict().items() if v is not None} if m else {}
         if m:
-            groups["match"] = m.group(0)
+            groups["match"] = _quoted(message, m)
         return rule, groups
 
 
@@ -235,6 +235,18 @@ class Classifier:
         return item
 
 
+MAX_QUOTE = 200
+
+
+def _quoted(message: str, m: re.Match[str]) -> str:
+    """`{match}`: the error as the line says it, from where the pattern matched to the end of
+    the line. A pattern often stops at the exception's type (`ValueError: `), and "A value is
+    invalid (ValueError: )" tells the reader nothing the reason did not."""
+    text = message[m.start():].strip(" \t[(:")
+    text = text.rstrip()
+    return text if len(text) <= MAX_QUOTE else text[:MAX_QUOTE - 1].rstrip() + "…"
+
+
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _PLACEHOLDER_DEFAULTS = {"node": "the node that reported it", "rank": "the rank that reported it", "file": "the log"}
 _UNKNOWN_RANK = [
@@ -244,6 +256,16 @@ _UNKNOWN_RANK = [
     (re.compile(r"\bRank \{rank\}"), "A rank"),
     (re.compile(r"\b(?:on |of )?rank \{rank\}"), "one rank"),
 ]
+
+
+_HOLE = re.compile(r"\{\w+\}|\b(?:rank|node) the (?:rank|node) that reported it|\bNone\b(?= (?:on|of|at|in)\b)")
+
+
+def holes(text: str) -> list[str]:
+    """What a rendered mitigation shows where a value should be: a `{name}` left unfilled, a
+    default phrase inside a sentence that names one ("rank the rank that reported it"), a
+    Python None. A reader must never see these (`faultline eval` counts them)."""
+    return [m.group(0) for m in _HOLE.finditer(text)]
 
 
 def render_mitigation(template: str, values: dict[str, object]) -> str:

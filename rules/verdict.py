@@ -284,12 +284,12 @@ def decide(facts: Facts) -> Diagnosis:
     if facts.bus_error_line is not None:
         return _bus_error(diagnosis, facts.bus_error_line)
     if facts.failure_traced:
-        return _unknown_failure(diagnosis, facts.failure_line)
+        return _unknown_failure(diagnosis, facts.failure_line, facts.found)
     if facts.completed:
         diagnosis.status = JobStatus.HEALTHY.value
         return diagnosis
     if facts.fatal:
-        return _unknown_failure(diagnosis, facts.failure_line)
+        return _unknown_failure(diagnosis, facts.failure_line, facts.found)
     hang = facts.hang()
     if hang is not None:
         diagnosis.status = JobStatus.STALLED.value
@@ -301,7 +301,7 @@ def decide(facts: Facts) -> Diagnosis:
         # mid-training". With an error-like line no rule knows, that line is the best lead
         # (a storage client's retried read timeouts): the agent is asked about it.
         if facts.last_error_like is not None:
-            return _unknown_failure(diagnosis, facts.last_error_like)
+            return _unknown_failure(diagnosis, facts.last_error_like, facts.found)
         stopped = facts.stopped()
         if stopped is not None:
             # With no error at all it stopped in its setup (the first collective after NCCL's
@@ -428,9 +428,23 @@ def _bus_error(diagnosis: Diagnosis, line: KeptLine) -> Diagnosis:
     return diagnosis
 
 
-def _unknown_failure(diagnosis: Diagnosis, line: KeptLine | None) -> Diagnosis:
+ERROR_FILE_RULE = "context.elastic-error-file"
+MAX_ERROR_FILES_NAMED = 3
+
+
+def _unknown_failure(diagnosis: Diagnosis, line: KeptLine | None,
+                     found: Mapping[str, RuleEvidence] | None = None) -> Diagnosis:
     diagnosis.status = JobStatus.FAILED.value
     diagnosis.action, diagnosis.mitigation = nothing_found(JobStatus.FAILED)
+    kept = found.get(ERROR_FILE_RULE) if found else None
+    paths = list(dict.fromkeys(e.groups["error_file"] for e in kept.items if "error_file" in e.groups)) if kept else []
+    if paths:
+        # the worker's own exception is in a file torchrun kept (the log has only its exit
+        # code): that file, not the log, answers the question
+        named = ", ".join(paths[:MAX_ERROR_FILES_NAMED]) + (" and others" if len(paths) > MAX_ERROR_FILES_NAMED else "")
+        diagnosis.mitigation = (f"torchrun kept the failed worker's exception in {named}: diagnose again with "
+                                f"--error-file {paths[0]}. "
+                                + diagnosis.mitigation)
     if line is not None:
         diagnosis.root_cause = RootCauseView(
             reason="unknown", category=None, origin="unknown", line=line.text, line_number=line.line_number,

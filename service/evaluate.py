@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rules.classifier import holes
 from rules.taxonomy import is_reason, reason
 from service.errors import BadInput
 
@@ -72,6 +73,8 @@ class Guess:
     status: str | None = None
     source: str | None = None
     """What named it (`rule:<id>`, `retrieval`, `evidence:<signal>`): ours only."""
+    mitigation: str = ""
+    """Ours only."""
 
 
 @dataclass
@@ -109,6 +112,8 @@ class Report:
     silent: list[str] = field(default_factory=list)
     seconds_per_log: float = 0.0
     mistakes: list[dict[str, Any]] = field(default_factory=list)
+    unfilled: list[dict[str, Any]] = field(default_factory=list)
+    """Logs whose mitigation shows a hole where a value belongs (`rules.classifier.holes`)."""
     withheld_folds: int = 0
     """Scored in this many folds, each with its own logs withheld from the knowledge base
     (0: none of the logs was in it; see `run_eval`)."""
@@ -198,6 +203,8 @@ def score(results: Sequence[Scored]) -> Report:
         confusion[r.ours.origin or "none"] = confusion.get(r.ours.origin or "none", 0) + 1
         if r.ours.line is None and r.label.reason is not None:
             report.silent.append(r.label.file)
+        if found := holes(r.ours.mitigation):
+            report.unfilled.append({"file": r.label.file, "holes": found})
         ok = r.right(r.ours)
         if not all(ok.values()):
             report.mistakes.append({"file": r.label.file, "want": [r.label.reason, r.label.origin],
@@ -258,6 +265,8 @@ def render(report: Report) -> str:
         for want, row in sorted(report.origin_confusion.items()))]
     if report.silent:
         out.append(f"silent: {', '.join(report.silent)}")
+    if report.unfilled:
+        out.append("mitigation with a hole: " + ", ".join(f"{u['file']} ({' '.join(u['holes'])})" for u in report.unfilled))
     return "\n".join(out) + "\n"
 
 
@@ -278,7 +287,8 @@ def evaluate(folder: Path, labels: Sequence[Label], diagnose: Callable[[Path], d
             d, error = {}, f"{type(exc).__name__}: {exc}"
         seconds = time.perf_counter() - started
         root = d.get("root_cause") or {}
-        ours = Guess(root.get("reason"), root.get("origin"), root.get("line"), d.get("status"), root.get("source"))
+        ours = Guess(root.get("reason"), root.get("origin"), root.get("line"), d.get("status"), root.get("source"),
+                     d.get("mitigation") or "")
         results.append(Scored(label, ours, first, last, seconds, error))
         if on_progress is not None:
             on_progress(len(results), len(labels))

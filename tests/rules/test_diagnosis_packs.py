@@ -12,7 +12,7 @@ import re
 import pytest
 import re2
 
-from rules.classifier import Classifier, DiagnosisProgram
+from rules.classifier import MAX_QUOTE, Classifier, DiagnosisProgram, holes, render_mitigation
 from rules.envelope import split_envelope
 from rules.model import KeptLine, Tier
 from rules.packs import builtin_diagnosis_rules
@@ -51,6 +51,25 @@ def test_mitigation_placeholders_are_filled_by_something(rule) -> None:
     groups = {f"g_{name}" for pattern in rule.patterns for name in re.compile(pattern).groupindex}
     for name in PLACEHOLDER.findall(rule.mitigation):
         assert name in {"node", "rank", "file", "match"} | groups, name
+
+
+def test_a_mitigation_quotes_the_error_as_the_line_says_it() -> None:
+    """`{match}` runs from where the pattern matched to the end of the line: a pattern that
+    stops at the exception's type still quotes its message."""
+    rule, groups = PROGRAM.match("[rank1]: ValueError: micro batch size 3 does not divide global batch size 128")
+    assert groups["match"] == "ValueError: micro batch size 3 does not divide global batch size 128"
+    assert "(ValueError: micro batch size 3 does not divide global batch size 128)" in render_mitigation(rule.mitigation, groups)
+    assert len(PROGRAM.match("ValueError: " + "x" * 5000)[1]["match"]) <= MAX_QUOTE
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    ("Drain {node} and restart.", ["{node}"]),
+    ("A CUDA kernel failed on rank the rank that reported it.", ["rank the rank that reported it"]),
+    ("Cordon None on the next restart.", ["None"]),
+    ("Restart from the last checkpoint; cordon h100-025 if it repeats.", []),
+])
+def test_holes_in_a_mitigation_are_found(text: str, found: list[str]) -> None:
+    assert holes(text) == found
 
 
 @pytest.mark.parametrize(("rule_id", "line"), EXAMPLES, ids=[f"{r}:{i}" for i, (r, _) in enumerate(EXAMPLES)])

@@ -86,3 +86,27 @@ def test_files_named_for_ranks_are_not_nodes(builtin_rulebook) -> None:
     hosts.feed("logs/a100-028.log", b"step 1 ok\n")
     hosts.feed("logs/a100-029.log", b"RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
     assert hosts.finish().suspect_nodes == ["a100-029"]
+
+
+def test_a_cuda_kernel_failure_alone_is_a_restart_not_a_cordon(builtin_rulebook) -> None:
+    """An illegal memory access is most often the model's own out-of-bounds access: with no
+    Xid, ECC or NVLink line beside it, no node is drained for it, even one the line names."""
+    run = JobRun(builtin_rulebook)
+    run.feed("job.log", (
+        "[default3]:[rank11]:[E314 09:15:00.227531918 ProcessGroupNCCL.cpp:1515] [PG 0 (default_pg) Rank 11] "
+        "Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered\n"
+        "h100-025:3139:3201 [3] NCCL INFO [Service thread] Connection closed by localRank 3\n").encode())
+    diagnosis = run.finish()
+    assert diagnosis.root_cause.reason == "cuda_error"
+    assert diagnosis.action == "restart" and diagnosis.suspect_nodes == []
+
+
+def test_a_cuda_kernel_failure_beside_an_xid_of_its_node_is_a_cordon(builtin_rulebook) -> None:
+    run = JobRun(builtin_rulebook)
+    run.feed("job.log", (
+        "h100-025: [Tue Mar 14 09:14:58 2025] NVRM: Xid (PCI:0000:9b:00): 79, pid=3139, GPU has fallen off the bus.\n"
+        "[default3]:[rank11]:[E314 09:15:00.227531918 ProcessGroupNCCL.cpp:1515] [PG 0 (default_pg) Rank 11] "
+        "Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered\n"
+        ).encode())
+    diagnosis = run.finish()
+    assert diagnosis.action == "cordon_and_restart" and diagnosis.suspect_nodes == ["h100-025"]
