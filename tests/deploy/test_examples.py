@@ -126,33 +126,65 @@ def hook() -> str:
     port = free_port()
     env = {**os.environ, "FAULTLINE_WEBHOOK_SECRET": "whsec-slurm-hook-test-1"}
     proc = subprocess.Popen([sys.executable, str(EXAMPLES / "slurm" / "faultline_hook.py"), "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=subprocess.PIPE, text=True)
+                             "--port", str(port), "--max-drains-per-hour", "2"], env=env, stdout=subprocess.PIPE,
+                            text=True)
     assert proc.stdout.readline().startswith("listening")
     yield f"http://127.0.0.1:{port}/", proc
     proc.terminate()
     proc.communicate(timeout=30)
 
 
-def test_the_slurm_hook_drains_the_suspect_nodes_and_requeues(hook) -> None:
-    url, proc = hook
-    job = Job(id="4f1c", name="gpt-7b-pretrain", external_id="slurm-494583", exit_code=None, lines_received=120_000)
-    diagnosis = {"status": "failed", "action": "cordon_and_restart", "suspect_nodes": ["lrdn3321", "x;reboot"],
+SECRET = b"whsec-slurm-hook-test-1"
+
+
+def _ecc(external_id: str, nodes: list[str], *, final: bool) -> bytes:
+    job = Job(id="4f1c", name="gpt-7b-pretrain", external_id=external_id, exit_code=1 if final else None,
+              lines_received=120_000)
+    diagnosis = {"status": "failed", "action": "cordon_and_restart", "suspect_nodes": nodes,
                  "root_cause": {"reason": "ecc_error", "category": "infrastructure", "origin": "infrastructure",
                                 "line": "CUDA error: uncorrectable ECC error encountered"}, "mitigation": ""}
-    body = json.dumps(payload(job, diagnosis, "failed", final=False)).encode()
-    secret = b"whsec-slurm-hook-test-1"
+    return json.dumps(payload(job, diagnosis, "failed", final=final)).encode()
+
+
+def test_the_slurm_hook_drains_the_suspect_nodes_of_an_ended_job_and_requeues(hook) -> None:
+    url, proc = hook
+    body = _ecc("slurm-494583", ["lrdn3321", "x;reboot"], final=True)
     assert httpx.post(url, content=body, headers=standard_headers(b"wrong", "faultline-17", body)).status_code == 401
     old = datetime.now(UTC) - timedelta(minutes=10)  # a captured delivery, replayed later
-    assert httpx.post(url, content=body, headers=standard_headers(secret, "faultline-16", body, old)).status_code == 401
+    assert httpx.post(url, content=body, headers=standard_headers(SECRET, "faultline-16", body, old)).status_code == 401
     # the service's older header alone is not enough: it has no time to refuse a replay by
-    assert httpx.post(url, content=body, headers={"X-Faultline-Signature": sign(secret, body)}).status_code == 401
-    headers = standard_headers(secret, "faultline-17", body)
+    assert httpx.post(url, content=body, headers={"X-Faultline-Signature": sign(SECRET, body)}).status_code == 401
+    headers = standard_headers(SECRET, "faultline-17", body)
     assert httpx.post(url, content=body, headers=headers).status_code == 200
     assert httpx.post(url, content=body, headers=headers).status_code == 200, "a repeat is acknowledged"
-    lines = [proc.stdout.readline().strip() for _ in range(2)]
+    lines = [proc.stdout.readline().strip() for _ in range(3)]
     assert lines == ["would run: scontrol update NodeName=lrdn3321 State=DRAIN "
                      "Reason=faultline: ecc_error (job 494583)",
-                     "would run: scontrol requeue 494583"]
+                     "would run: scontrol requeue 494583",
+                     "skipped: drain of 'x;reboot': not a plain host name"]
     proc.terminate()
     rest, _ = proc.communicate(timeout=30)
-    assert "scontrol" not in rest, "the repeated delivery and the odd node name did nothing"
+    assert "scontrol" not in rest, "the repeated delivery did nothing"
+
+
+def test_the_slurm_hook_drains_nothing_under_a_running_job_and_at_most_its_budget(hook) -> None:
+    url, proc = hook
+
+    def post(body: bytes, delivery: str) -> None:
+        assert httpx.post(url, content=body, headers=standard_headers(SECRET, delivery, body)).status_code == 200
+
+    post(_ecc("slurm-700", ["gpu-001"], final=False), "faultline-1")
+    assert proc.stdout.readline().strip() == ("skipped: drain of gpu-001 and requeue of job 700: the job is still "
+                                              "running; waiting for its final diagnosis")
+    post(_ecc("slurm-700", ["gpu-001", "gpu-002"], final=True), "faultline-2")
+    post(_ecc("slurm-701", ["gpu-003", "gpu-001"], final=True), "faultline-3")
+    lines = [proc.stdout.readline().strip() for _ in range(6)]
+    assert lines == [
+        "would run: scontrol update NodeName=gpu-001 State=DRAIN Reason=faultline: ecc_error (job 700)",
+        "would run: scontrol update NodeName=gpu-002 State=DRAIN Reason=faultline: ecc_error (job 700)",
+        "would run: scontrol requeue 700",
+        "would run: scontrol requeue 701",
+        "skipped: drain of gpu-003: 2 nodes drained in the last hour (--max-drains-per-hour 2)",
+        lines[5],
+    ]
+    assert lines[5].startswith("skipped: drain of gpu-001: gpu-001 was drained by this hook ")
