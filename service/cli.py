@@ -162,6 +162,9 @@ def _tail_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exit-code-file", default=None, metavar="F", help="where the training writes its exit status")
     p.add_argument("--tee", default=None, metavar="FILE",
                    help="with a command: where its output goes (followed too; default in the state dir)")
+    p.add_argument("--error-files", action="append", default=[], metavar="GLOB", dest="error_files",
+                   help="torchrun error files (@record, TORCHELASTIC_ERROR_FILE), e.g. '/tmp/torchelastic_*/**/error.json': "
+                        "sent as evidence when the job ends (repeatable)")
     p.add_argument("--token-file", default=None, metavar="F",
                    help="a file holding the bearer token (scopes ingest+read) for a server with FAULTLINE_API_TOKENS; "
                         "default: FAULTLINE_TOKEN")
@@ -498,7 +501,8 @@ def cmd_tail(args: argparse.Namespace, _out: TextIO) -> int:
             drain_timeout_s=args.drain_timeout, retry_max_s=args.retry_max, gzip=args.gzip, once=args.once,
             exit_code=args.exit_code, finish_on_stop=args.finish_on_stop,
             exit_code_file=Path(args.exit_code_file) if args.exit_code_file else None,
-            command=command, tee=Path(args.tee) if args.tee else None, token=_client_token(args.token_file, settings))
+            command=command, tee=Path(args.tee) if args.tee else None, error_files=tuple(args.error_files),
+            token=_client_token(args.token_file, settings))
         sidecar = Sidecar(config)
     except (ValueError, RuntimeError) as exc:
         raise BadInput(str(exc)) from None

@@ -24,11 +24,16 @@ MAX_ERROR_FILE_BYTES = 4 << 20
 _RANK_DIR = re.compile(r"^\d{1,5}$")
 
 
+def matching(pattern: str) -> list[str]:
+    """The files a pattern names now (a glob, `**` included), sorted."""
+    return sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+
+
 def expand(patterns: list[str]) -> list[str]:
     """The files the `--error-file` arguments name (globs expanded, in order, once each)."""
     found: list[str] = []
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+        matches = matching(pattern)
         if not matches:
             raise BadInput(f"--error-file {pattern}: no file matches")
         found += [m for m in matches if m not in found]

@@ -38,6 +38,8 @@ class SidecarConfig:
     """Where the training writes its exit status, read when finishing."""
     command: tuple[str, ...] = ()
     tee: Path | None = None
+    error_files: tuple[str, ...] = ()
+    """Globs of torchrun error files (`@record`, TORCHELASTIC_ERROR_FILE), sent once the job ends."""
     token: str | None = field(default=None, repr=False)
     """Bearer token for a server with FAULTLINE_API_TOKENS (scopes ingest+read)."""
 

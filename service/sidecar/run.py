@@ -37,7 +37,7 @@ import httpx
 
 from service.sidecar.config import SidecarConfig
 from service.sidecar.sender import Checkpoint, Sender, Shared
-from service.sidecar.tailer import Batch, Tailer
+from service.sidecar.tailer import Batch, Tailer, source_name
 
 log = logging.getLogger("faultline.sidecar")
 
@@ -301,9 +301,34 @@ class Sidecar:
         if not settled:
             log.warning("not everything was delivered before the drain timeout; the checkpoint keeps the "
                         "offsets, a later `faultline tail --once` sends the rest")
+        if finish and self.config.error_files and self.shared.job_closed is None and not self.abort.is_set():
+            # written as the workers die, so read only now; each is a source of its own
+            self._deliver(self._error_file_batches())
+            self._drain(max(0.0, deadline - time.monotonic()))
         if finish and self.shared.job_closed is None and not self.abort.is_set():
             self._report_finish(exit_code, deadline)
         return exit_code if exit_code is not None else 0
+
+    def _error_file_batches(self) -> list[Batch]:
+        """torchrun's error files of the ended job, as the CLI's `--error-file` reads them
+        (service/ingest/error_files.py): one whole batch each, idempotent by its path."""
+        from service.errors import BadInput
+        from service.ingest.error_files import error_file_text, matching
+
+        paths = list(dict.fromkeys(p for pattern in self.config.error_files for p in matching(pattern)))
+        batches = []
+        for path in paths:
+            try:
+                body = error_file_text(path)
+            except BadInput as exc:
+                log.warning("not sent: %s", exc)
+                continue
+            file_id = "error-file-" + hashlib.sha256(path.encode()).hexdigest()[:16]
+            batches.append(Batch(source=source_name(path, self.config.tail.source_prefix), file_id=file_id, offset=0, end=len(body), body=body,
+                                 read_at=time.time(), epoch=0, skipping_after=False))
+        if paths:
+            log.info("sending %d torchrun error file(s) of %d found", len(batches), len(paths))
+        return batches
 
     def _report_finish(self, exit_code: int | None, deadline: float) -> None:
         with self.shared.cond:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.service.test_http import LOG, ROOT_LINE
 from tests.support.databases import cli_env
+from tests.support.torchrun import EXCEPTION, failing_torchrun, without_the_box
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT_KEYS = {"status", "root_cause", "other_errors", "action", "suspect_nodes", "mitigation", "progress",
@@ -188,35 +189,12 @@ def test_torchrun_error_files_are_evidence(tmp_path: Path) -> None:
     assert root["file"].endswith("attempt_0/3/error.json")
 
 
-_FAILING_WORKER = '''\
-import os
-from torch.distributed.elastic.multiprocessing.errors import record
-
-
-@record
-def main():
-    if os.environ["LOCAL_RANK"] == "1":
-        raise ValueError("micro batch size 3 does not divide global batch size 128")
-
-
-main()
-'''
-
-
 def test_error_files_torchrun_wrote_name_the_cause_the_console_lost(tmp_path: Path) -> None:
     """A real torchrun on the CPU: two workers, local rank 1 raises under `@record`, their
-    output goes to files (`--redirects 3`). Of the console, the job's log keeps only what came
-    before the launcher's own traceback (a shipper that cut it, a `tail` of the agent's log):
-    `failed (exitcode: 1)`. The error file torchrun kept names the cause."""
-    script = tmp_path / "train.py"
-    script.write_text(_FAILING_WORKER)
-    logs = tmp_path / "elastic"
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "--redirects", "3", "--log-dir", str(logs), str(script)],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
-    assert run.returncode == 1, run.stderr
-    console = run.stdout + run.stderr
-    kept = console[:console.index("Traceback (most recent call last):")]
+    output goes to files. The job's log lost the launcher's box; the error file torchrun kept
+    names the cause."""
+    console, logs = failing_torchrun(tmp_path)
+    kept = without_the_box(console)
     assert "failed (exitcode: 1) local_rank: 1" in kept and "micro batch size" not in kept
     log = tmp_path / "job.log"
     log.write_text(kept)
@@ -224,7 +202,7 @@ def test_error_files_torchrun_wrote_name_the_cause_the_console_lost(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     root = json.loads(done.stdout)["root_cause"]
     assert root["reason"] == "value_error"
-    assert root["line"] == "[default1]:ValueError: micro batch size 3 does not divide global batch size 128"
+    assert root["line"] == f"[default1]:{EXCEPTION}"
     assert root["file"].endswith("attempt_0/1/error.json")
     # without it, the same log only says a worker failed, and where torchrun kept its exception
     alone = json.loads(faultline("diagnose", "--json", str(log)).stdout)

@@ -27,6 +27,7 @@ from service.sidecar.run import Sidecar, SidecarConfig, default_state_dir
 from service.sidecar.tailer import Batch, TailConfig
 from tests.service.test_live_api import ECC, iteration, text
 from tests.support.server import ServerProcess, free_port, running_server
+from tests.support.torchrun import EXCEPTION, failing_torchrun, without_the_box
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--glob-interval", "0.2", "--poll-interval", "0.05", "--retry-max", "0.5", "--flush-interval", "0.1"]
@@ -201,6 +202,25 @@ def test_the_epilog_sends_the_rest_and_the_exit_status_without_a_checkpoint(serv
     _, err = again.communicate(timeout=90)
     assert b"already reported" in err
     assert len(httpx.get(f"{server}/jobs", params={"name": "gpt-epilog"}).json()["data"]) == 1, "no new job"
+
+
+def test_the_sidecar_sends_torchruns_error_files_when_the_job_ends(server: str, tmp_path: Path) -> None:
+    """A real torchrun's failed worker: the log the sidecar follows lost the box; the error
+    file torchrun kept is sent at the end (a glob, as `faultline diagnose --error-file` takes)
+    and the final diagnosis names its exception."""
+    console, elastic = failing_torchrun(tmp_path)
+    log = tmp_path / "logs" / "launcher.log"
+    log.parent.mkdir()
+    log.write_text(without_the_box(console))
+    epilog = tail(server, "gpt-error-file", "--once", "--exit-code", "1", "--error-files",
+                  str(elastic / "**" / "error.json"), "--error-files", str(tmp_path / "none" / "*.json"),
+                  str(log), env=env_for(tmp_path))
+    _, err = epilog.communicate(timeout=90)
+    assert epilog.returncode == 1, err.decode()
+    job = job_named(server, "gpt-error-file")
+    root = job["diagnosis"]["root_cause"]
+    assert job["finished_at"] and root["reason"] == "value_error" and root["line"] == f"[default1]:{EXCEPTION}"
+    assert root["file"].endswith("attempt_0/1/error.json")
 
 
 def test_the_reader_stops_at_the_buffer_bound(tmp_path: Path) -> None:
