@@ -17,6 +17,9 @@ from typing import Any
 DEFAULT_BUDGET = 3
 _NODE_BOUND = frozenset({"ecc_error", "nvlink_error", "node_failure", "cuda_error", "network_error"})
 """Reasons that belong to a machine: the same error on another node is another cause."""
+CORDON_ON_REPEAT = frozenset({"cuda_error"})
+"""A failed CUDA kernel alone is restarted, not cordoned (most often the model's own bad
+access); the same error from the same node in the attempt before is evidence of that GPU."""
 
 
 @dataclass(frozen=True)
@@ -58,13 +61,30 @@ def recurrence(current: Attempt, earlier: Sequence[Attempt]) -> int:
     return count
 
 
+def repeated_on_its_node(current: Attempt, earlier: Sequence[Attempt]) -> bool:
+    """The last failed attempt before this one ended in the same device error on the same
+    node (progress between them or not: a bad GPU lets a job train for a while)."""
+    if not current.failed or current.reason not in CORDON_ON_REPEAT or current.node is None:
+        return False
+    last = next((a for a in earlier if a.failed), None)
+    return last is not None and last.cause() == current.cause()
+
+
 def apply_budget(diagnosis: dict[str, Any], earlier: Sequence[Mapping[str, Any]],
                  budget: int = DEFAULT_BUDGET) -> dict[str, Any]:
-    """The diagnosis with `attempt` and `recurrence` added, and `action: stop` once the same
+    """The diagnosis with `attempt` and `recurrence` added; `cordon_and_restart` for a device
+    error that the attempt before had on the same node; and `action: stop` once the same
     cause has recurred `budget` times in a row without progress."""
     current = Attempt.of(diagnosis)
-    count = recurrence(current, [Attempt.of(d) for d in earlier])
+    before = [Attempt.of(d) for d in earlier]
+    count = recurrence(current, before)
     out = {**diagnosis, "attempt": len(earlier) + 1, "recurrence": count}
+    if diagnosis.get("action") == "restart" and repeated_on_its_node(current, before):
+        out["action"], out["suspect_nodes"] = "cordon_and_restart", [current.node]
+        out["mitigation"] = (
+            f"The attempt before this one ended in the same {current.reason} on {current.node}: a fault of that "
+            f"GPU or node rather than of the code. Cordon {current.node} (run dcgmi diag -r 3 there) and restart "
+            "elsewhere. " + (diagnosis.get("mitigation") or ""))
     if count >= budget and diagnosis.get("action") not in ("none", "stop"):
         where = f" on {current.node}" if current.cause()[1] else ""
         out["action"] = "stop"

@@ -41,6 +41,21 @@ def test_a_hardware_cause_counts_per_node() -> None:
     assert apply_budget(ecc("node-7"), [ecc("node-7"), ecc("node-7")], 3)["action"] == "stop"
 
 
+def test_a_cuda_error_again_on_its_node_is_cordoned() -> None:
+    cuda = lambda node, step=100: attempt("cuda_error", node=node, step=step)  # noqa: E731
+    first = apply_budget(cuda("node-7"), [], 3)
+    assert first["action"] == "restart" and "suspect_nodes" not in first
+    again = apply_budget(cuda("node-7", step=900), [cuda("node-7", step=400)], 3)
+    assert again["action"] == "cordon_and_restart" and again["suspect_nodes"] == ["node-7"]
+    assert again["mitigation"].startswith("The attempt before this one ended in the same cuda_error on node-7")
+    # another node, no node named, or another error in between: a restart still
+    assert apply_budget(cuda("node-7"), [cuda("node-3")], 3)["action"] == "restart"
+    assert apply_budget(cuda(None), [cuda(None)], 3)["action"] == "restart"
+    assert apply_budget(cuda("node-7"), [attempt("out_of_memory"), cuda("node-7")], 3)["action"] == "restart"
+    # and the budget still ends it
+    assert apply_budget(cuda("node-7"), [cuda("node-7"), cuda("node-7")], 3)["action"] == "stop"
+
+
 def test_nothing_to_stop() -> None:
     assert apply_budget(attempt(None, status="healthy", action="none"), [attempt(), attempt()], 3)["action"] == "none"
     assert apply_budget(attempt("unknown"), [attempt("unknown")] * 5, 3)["recurrence"] == 0

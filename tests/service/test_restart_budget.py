@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from service.settings import Settings
-from tests.service.test_live_api import Job
+from tests.service.test_live_api import ECC, NODE, Job
 from tests.support.server import running_server
 
 TIMEOUT = ("[rank3]:[E1128 21:12:50.390000 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation "
@@ -49,6 +49,19 @@ def test_uploads_of_one_job_stop_at_the_budget(server: str) -> None:
     # another job id has its own count; progress resets it
     assert diagnose(server, log, "slurm-4243")["recurrence"] == 1
     assert diagnose(server, steps(900) + TIMEOUT + "\n", "slurm-4242")["recurrence"] == 1
+
+
+def test_a_node_with_ecc_errors_is_cordoned_each_time_until_no_progress_stops_it(server: str) -> None:
+    """The issue's case: the same ECC node in three attempts of one external id. Training on
+    between them, each is a cordon and a restart; with no progress between them, the third
+    is a stop (the cordon did not take, or the fault follows the job)."""
+    progressing = [diagnose(server, steps(100 * n) + ECC + "\n", "slurm-5150") for n in (1, 2, 3)]
+    assert [(a["action"], a["suspect_nodes"], a["recurrence"]) for a in progressing] == [
+        ("cordon_and_restart", [NODE], 1)] * 3
+    stuck = [diagnose(server, steps(100) + ECC + "\n", "slurm-5151") for _ in range(3)]
+    assert [(a["action"], a["recurrence"]) for a in stuck] == [
+        ("cordon_and_restart", 1), ("cordon_and_restart", 2), ("stop", 3)]
+    assert stuck[2]["mitigation"].startswith(f"Stop restarting: the last 3 attempts of this job all ended in ecc_error on {NODE}")
 
 
 def test_live_attempts_of_one_scheduler_id_stop_at_the_budget(server: str) -> None:
