@@ -29,6 +29,9 @@ _CHAIN_MARKERS = (
 )
 _BOX_HOST = re.compile(r"^\s*host\s*: ([A-Za-z0-9][\w.-]*)\s*$")
 _BOX_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank: \d+\)")
+_NODELIST = re.compile(r"\bSLURM_(?:JOB_|STEP_)?NODELIST\s*[=:]\s*['\"]?([A-Za-z][\w.-]*)['\"]?\s*$")
+"""A job script's banner (`echo SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST`, `env`): one host, no
+range, names the node of a log with one node."""
 _FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
 """A Python traceback frame; the indented line after it is source code, not an error report:
 `    raise DatasetNotFoundError(f"Dataset '{path}' doesn't exist ...")` names an exception
@@ -165,9 +168,14 @@ class Classifier:
 
     def learn_placement(self, line: KeptLine) -> None:
         """Read a rank's host from torchrun's failure box (`host : gpu-017`, then `rank : 12
-        (local_rank: 4)`): under `--tee` the box is the only place that names a rank's node."""
+        (local_rank: 4)`): under `--tee` the box is the only place that names a rank's node;
+        and a one-node job's node from its banner's SLURM_JOB_NODELIST."""
         state = self._state(line.source)
         message = split_envelope(line.text).message
+        m = _NODELIST.search(message)
+        if m:
+            self.default_nodes.setdefault(line.source, m.group(1))
+            return
         m = _BOX_HOST.match(message)
         if m:
             state.box_host = m.group(1)

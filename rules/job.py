@@ -8,6 +8,7 @@ This module does no I/O itself; callers (CLI, HTTP, live jobs) bring the bytes.
 
 from __future__ import annotations
 
+import functools
 import math
 import pickle
 import re
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from rules.classifier import Classifier, DiagnosisProgram, RuleEvidence
+from rules.linear import NotLinear, compile_linear
 from rules.envelope import bare_message
 from rules.family import job_family
 from rules.model import FilterRule, KeptLine, Tier
@@ -104,6 +106,19 @@ _NOT_A_HOST = re.compile(
     r"epoch|iter|default|console)[-_.]?\d+(?:[-_.]\w+)?")
 """File stems that number a process or an attempt, not a machine: `rank2`, `worker-3`,
 `train_0`, `stdout-1`, `job_7_rank0`; a node is named by the log's own words then."""
+
+
+@functools.lru_cache(maxsize=8)
+def node_file_matcher(pattern: str):
+    """The configured file-name pattern, compiled (RE2); ValueError when it does not compile
+    or has no `node` group (the setting names it: FAULTLINE_NODE_FILE_PATTERN)."""
+    try:
+        compiled = compile_linear(pattern)
+    except NotLinear as exc:
+        raise ValueError(f"FAULTLINE_NODE_FILE_PATTERN: {exc}") from None
+    if "node" not in compiled.groupindex:
+        raise ValueError("FAULTLINE_NODE_FILE_PATTERN needs a group named node, e.g. (?P<node>gpu-\\d+)\\.log$")
+    return compiled
 
 
 class JobView:
@@ -200,8 +215,13 @@ class JobRun:
 
     def __init__(self, rulebook: Rulebook, meta: JobMeta = JobMeta(), *,
                  log_agent: LogAgentHook | None = None, failure_agent: FailureAgentHook | None = None,
-                 compressed: CompressedLog | None = None):
+                 compressed: CompressedLog | None = None, node_files: str = ""):
         self.rulebook = rulebook
+        if node_files:
+            node_file_matcher(node_files)  # a bad pattern fails here, not at the second file
+        self.node_files = node_files
+        """Which file names stand for nodes (`node_file_matcher`); empty: the default heuristics.
+        Kept as text: a run is pickled between a live job's appends."""
         self.meta = meta
         self.filter_program = rulebook.filter_program(meta.framework, meta.name, family=meta.family)
         self.classifier = Classifier(rulebook.diagnosis_program)
@@ -255,8 +275,14 @@ class JobRun:
         return run
 
     def _name_node(self, name: str) -> None:
-        """One file per node: a file named like a host stands for that node; one named for a
-        rank, a worker or an attempt (`rank2.log`, `worker-3.out`) does not."""
+        """One file per node: with a configured pattern, a file whose name it matches stands
+        for the node its `node` group reads; without, a file named like a host does, one
+        named for a rank, a worker or an attempt (`rank2.log`, `worker-3.out`) does not."""
+        if self.node_files:
+            m = node_file_matcher(self.node_files).search(name)
+            if m is not None and m.group("node"):
+                self.classifier.default_nodes[name] = m.group("node")
+            return
         stem = name.rsplit("/", 1)[-1].split(".", 1)[0]
         if re.fullmatch(r"[A-Za-z][\w-]*\d[\w-]*", stem) and not _NOT_A_HOST.fullmatch(stem):
             self.classifier.default_nodes[name] = stem
@@ -365,9 +391,9 @@ class JobRun:
     def _classify(self, line: KeptLine) -> None:
         """Error lines go to the classifier; other kept lines only matter as chain markers
         and as the failure box's rank-to-host lines."""
-        if "host" in line.text or "local_rank" in line.text:
+        if "host" in line.text or "local_rank" in line.text or "NODELIST" in line.text:
             # the failure box's rank-to-host lines (error-like for the guard, so no filter
-            # drops them; a name, not an error, for the classifier)
+            # drops them; a name, not an error, for the classifier), a banner's node list
             self.classifier.learn_placement(line)
         run = self.sources.get(line.source)
         if run is not None:

@@ -94,7 +94,8 @@ class Context:
         Agent out: only the kept lines are wanted, and its model costs seconds to load."""
         self.rulebook.refresh()
         agent = self.failure_agent if self.settings.failure_agent and diagnose else None
-        return JobRun(self.rulebook, meta, log_agent=self.log_agent(meta), failure_agent=agent)
+        return JobRun(self.rulebook, meta, log_agent=self.log_agent(meta), failure_agent=agent,
+                      node_files=self.settings.node_file_pattern)
 
     def after_run(self, run: JobRun, diagnosis: Diagnosis, *, entry: str = "cli",
                   session: Session | None = None, job_id: str | None = None) -> None:

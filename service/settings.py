@@ -126,6 +126,11 @@ class Settings(BaseSettings):
     """The sidecar's bearer token for a server with FAULTLINE_API_TOKENS (scopes ingest+read);
     `faultline tail --token-file F` reads it from a file instead."""
 
+    node_file_pattern: str = ""
+    """A regular expression (RE2) with a `node` group, e.g. `(?P<node>gpu-\\d+)\\.log$`: a log
+    file whose name it matches stands for that node, and no other file name names a node. Unset:
+    a file named like a host does, one named for a rank, a worker or an attempt does not."""
+
     restart_budget: int = Field(default=3, ge=1, le=100)
     """Attempts of one job (same external_id) that may end in the same root cause, with no
     training progress between them, before the action becomes `stop`."""
@@ -151,6 +156,15 @@ class Settings(BaseSettings):
         if value and not value.startswith(("http://", "https://")):
             raise ValueError(f"FAULTLINE_{info.field_name.upper()} must be an http(s) URL, got {value!r}")
         return value.rstrip("/") if info.field_name == "llm_base_url" else value
+
+    @field_validator("node_file_pattern")
+    @classmethod
+    def _check_node_file_pattern(cls, value: str) -> str:
+        if value:
+            from rules.job import node_file_matcher
+
+            node_file_matcher(value)  # ValueError naming what is wrong
+        return value
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:

@@ -8,6 +8,7 @@ to it.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,8 +76,23 @@ def test_the_service_top_level_holds_at_most_a_dozen_modules() -> None:
     assert len(top) <= 12, top
 
 
+SHARED_WITH_THE_SIDECAR = {"rules.error_files"}
+"""Core modules written with the standard library alone, which the sidecar may use too."""
+
+
 def test_the_sidecar_imports_nothing_of_the_server() -> None:
     """It runs on every training node: it must not need the server's dependencies."""
-    wrong = {m: sorted(t for t in targets if not t.startswith("service.sidecar"))
+    wrong = {m: sorted(t for t in targets if not t.startswith("service.sidecar") and t not in SHARED_WITH_THE_SIDECAR)
              for m, targets in GRAPH.items() if m.startswith("service.sidecar")}
     assert {m: t for m, t in wrong.items() if t} == {}
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_WITH_THE_SIDECAR))
+def test_what_the_sidecar_shares_needs_only_the_standard_library(name: str) -> None:
+    tree = ast.parse(MODULES[name].read_text())
+    roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    roots |= {node.module.split(".")[0] for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert roots - {"__future__"} <= sys.stdlib_module_names, roots
+    package = ast.parse((ROOT / name.split(".")[0] / "__init__.py").read_text())
+    assert not [n for n in ast.walk(package) if isinstance(n, (ast.Import, ast.ImportFrom))], "its package imports nothing"

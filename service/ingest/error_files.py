@@ -1,39 +1,19 @@
-"""torchrun's error files as evidence: each failing rank's exception, as the job recorded it.
-
-With `@record` on the entry point, or TORCHELASTIC_ERROR_FILE set, a failing worker writes
-`{"message": {"message": "<Type>: <text>", "extraInfo": {"py_callstack": "<traceback>",
-"timestamp": "<unix seconds>"}}}` (torch/distributed/elastic/multiprocessing/errors/
-error_handler.py); torchelastic's own records for a signal hold `"message"` as a string.
-torchrun keeps them as `.../attempt_<n>/<local_rank>/error.json`. Their traceback is the most
-precise evidence a job leaves, and the log may not hold it (a `--tee` that lost it, a box that
-says `error_file: <N/A>` for another rank). Each file becomes lines of its own source, under
-torchrun's own `[defaultN]:` envelope when its folder names the local rank.
-"""
+"""`faultline diagnose --error-file`: torchrun's error files named by globs, read and turned
+into log lines (the format: rules/error_files.py)."""
 
 from __future__ import annotations
 
 import glob
-import json
-import re
-from datetime import UTC, datetime
-from pathlib import Path
 
+from rules.error_files import MAX_ERROR_FILE_BYTES, NotAnErrorFile, error_file_lines
 from service.errors import BadInput
-
-MAX_ERROR_FILE_BYTES = 4 << 20
-_RANK_DIR = re.compile(r"^\d{1,5}$")
-
-
-def matching(pattern: str) -> list[str]:
-    """The files a pattern names now (a glob, `**` included), sorted."""
-    return sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
 
 
 def expand(patterns: list[str]) -> list[str]:
     """The files the `--error-file` arguments name (globs expanded, in order, once each)."""
     found: list[str] = []
     for pattern in patterns:
-        matches = matching(pattern)
+        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
         if not matches:
             raise BadInput(f"--error-file {pattern}: no file matches")
         found += [m for m in matches if m not in found]
@@ -41,39 +21,14 @@ def expand(patterns: list[str]) -> list[str]:
 
 
 def error_file_text(path: str) -> bytes:
-    """The error file as log lines: a header with its time, then the recorded traceback (or
-    the message when there is none). BadInput when it is not a torchrun error file."""
+    """The error file as log lines; BadInput naming the file when it cannot be read or is
+    not a torchrun error file."""
     try:
-        raw = Path(path).read_bytes()[:MAX_ERROR_FILE_BYTES + 1]
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_ERROR_FILE_BYTES + 1)
     except OSError as exc:
         raise BadInput(f"--error-file {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_ERROR_FILE_BYTES:
-        raise BadInput(f"--error-file {path}: larger than {MAX_ERROR_FILE_BYTES >> 20} MiB, not an error file")
     try:
-        data = json.loads(raw)
-        outer = data["message"]
-    except (ValueError, KeyError, TypeError):
-        raise BadInput(f"--error-file {path}: not a torchrun error file (JSON with a \"message\")") from None
-    message, extra = (outer.get("message"), outer.get("extraInfo") or {}) if isinstance(outer, dict) else (outer, {})
-    callstack = extra.get("py_callstack") if isinstance(extra, dict) else None
-    stamp = extra.get("timestamp") if isinstance(extra, dict) else None
-    body = str(callstack).rstrip("\n") if callstack else str(message or "")
-    if not body.strip():
-        raise BadInput(f"--error-file {path}: records no exception")
-    local_rank = _rank_of(path)
-    prefix = f"[default{local_rank}]:" if local_rank is not None else ""  # as `torchrun --tee` prefixes
-    header = f"torchelastic error file {path}" + (f", written {_when(stamp)}" if _when(stamp) else "")
-    lines = [header, *body.splitlines()]
-    return ("\n".join(prefix + line for line in lines) + "\n").encode("utf-8", "replace")
-
-
-def _rank_of(path: str) -> int | None:
-    parent = Path(path).parent.name
-    return int(parent) if _RANK_DIR.match(parent) else None
-
-
-def _when(stamp: object) -> str | None:
-    try:
-        return datetime.fromtimestamp(int(str(stamp)), UTC).isoformat()
-    except (ValueError, OverflowError, OSError):
-        return None
+        return error_file_lines(raw, path)
+    except NotAnErrorFile as exc:
+        raise BadInput(f"--error-file {path}: {exc}") from None

@@ -21,6 +21,7 @@ with.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import logging
 import os
@@ -311,17 +312,18 @@ class Sidecar:
 
     def _error_file_batches(self) -> list[Batch]:
         """torchrun's error files of the ended job, as the CLI's `--error-file` reads them
-        (service/ingest/error_files.py): one whole batch each, idempotent by its path."""
-        from service.errors import BadInput
-        from service.ingest.error_files import error_file_text, matching
+        (rules/error_files.py): one whole batch each, idempotent by its path."""
+        from rules.error_files import MAX_ERROR_FILE_BYTES, NotAnErrorFile, error_file_lines
 
-        paths = list(dict.fromkeys(p for pattern in self.config.error_files for p in matching(pattern)))
+        paths = list(dict.fromkeys(p for pattern in self.config.error_files
+                                   for p in sorted(glob.glob(pattern, recursive=True))))
         batches = []
         for path in paths:
             try:
-                body = error_file_text(path)
-            except BadInput as exc:
-                log.warning("not sent: %s", exc)
+                with open(path, "rb") as handle:
+                    body = error_file_lines(handle.read(MAX_ERROR_FILE_BYTES + 1), path)
+            except (OSError, NotAnErrorFile) as exc:
+                log.warning("not sent: %s: %s", path, exc)
                 continue
             file_id = "error-file-" + hashlib.sha256(path.encode()).hexdigest()[:16]
             batches.append(Batch(source=source_name(path, self.config.tail.source_prefix), file_id=file_id, offset=0, end=len(body), body=body,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rules.job import JobRun
-from rules.rulebook import Rulebook
 
 BOX = [
     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
@@ -110,3 +111,37 @@ def test_a_cuda_kernel_failure_beside_an_xid_of_its_node_is_a_cordon(builtin_rul
         ).encode())
     diagnosis = run.finish()
     assert diagnosis.action == "cordon_and_restart" and diagnosis.suspect_nodes == ["h100-025"]
+
+
+def test_a_one_node_jobs_banner_names_its_node(builtin_rulebook) -> None:
+    run = JobRun(builtin_rulebook)
+    run.feed("slurm-4242.out", b"SLURM_JOB_NODELIST=a100-031\nstep 1 ok\n"
+             b"RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+    assert run.finish().suspect_nodes == ["a100-031"]
+    many = JobRun(builtin_rulebook)  # a range names no one node
+    many.feed("slurm-4243.out", b"SLURM_JOB_NODELIST=a100-[031-034]\n"
+              b"RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+    assert many.finish().suspect_nodes == []
+
+
+def test_a_configured_pattern_decides_which_files_are_nodes(builtin_rulebook) -> None:
+    ecc = b"RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+    run = JobRun(builtin_rulebook, node_files=r"node_(?P<node>\d+)\.log$")
+    run.feed("logs/node_07.log", b"step 1 ok\n")
+    run.feed("logs/node_12.log", ecc)
+    assert run.finish().suspect_nodes == ["12"]
+    hosts = JobRun(builtin_rulebook, node_files=r"^nodes/(?P<node>[\w-]+)\.log$")  # host-like names outside it are not
+    hosts.feed("logs/a100-028.log", b"step 1 ok\n")
+    hosts.feed("logs/a100-029.log", ecc)
+    assert hosts.finish().suspect_nodes == []
+
+
+@pytest.mark.parametrize(("pattern", "message"), [
+    (r"gpu-\d+\.log", "needs a group named node"),
+    (r"(?P<node>(a+)+\1)", "FAULTLINE_NODE_FILE_PATTERN"),
+])
+def test_a_bad_node_file_pattern_is_refused_by_its_setting(tmp_path, pattern: str, message: str) -> None:
+    from service.settings import Settings
+
+    with pytest.raises(ValueError, match=message):
+        Settings(data_dir=tmp_path, node_file_pattern=pattern)
