@@ -67,6 +67,23 @@ SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 times faster, a third of a short log's `diagnose` otherwise; the same documents either way."""
 
 
+class StrictLoader(yaml.SafeLoader):
+    """A safe loader that refuses a key given twice in one mapping: YAML keeps the last one
+    silently, and a pack entry with two `caseless:` or two `pattern:` lines loses one. The
+    admin's import loads with it; a test holds the built-in packs to it (the packs themselves
+    load with SAFE_LOADER, for speed)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_pack(path: Path) -> Pack:
     """A pack file, checked against the pack schema (rules.pack_schema)."""
     try:

@@ -26,7 +26,7 @@ from rules.filters import FilterCompileError, FilterProgram
 from rules.model import DiagnosisRule, FilterRule, KeptLine, RuleKind, RuleStatus, Tier
 from rules.pack_schema import RULE_ID_PATTERN, DiagnosisRuleSpec, FilterRuleSpec, Pack
 from rules.pack_schema import problems as pack_problems
-from rules.packs import PackError, diagnosis_rule_from_spec, filter_rule_from_spec
+from rules.packs import PackError, StrictLoader, diagnosis_rule_from_spec, filter_rule_from_spec
 from rules.taxonomy import Action, Origin, is_reason
 from service.store import jobs as store
 from service.errors import Conflict, NotFound, Unprocessable
@@ -511,10 +511,10 @@ def pack_item(row: RuleRow) -> dict[str, Any]:
     return item
 
 
-class PackLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses anchors' aliases (`*name`): a rule pack has no use for
+class PackLoader(StrictLoader):
+    """A safe loader that refuses anchors' aliases (`*name`): a rule pack has no use for
     them, and nested ones (a "billion laughs") make a few hundred bytes into gigabytes
-    as soon as anything walks or prints the result."""
+    as soon as anything walks or prints the result; and, as every pack, a key given twice."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):

@@ -11,11 +11,24 @@ import pytest
 import yaml
 
 from rules.pack_schema import SCHEMA_FILE, schema_text
-from rules.packs import PACKS_DIR, PackError, load_diagnosis_pack, load_filter_pack
+from rules.packs import PACKS_DIR, PackError, StrictLoader, load_diagnosis_pack, load_filter_pack
 from service.admin.review import parse_pack
 from service.errors import Unprocessable
 
 PACK_FILES = sorted(PACKS_DIR.glob("*/*.yaml"))
+
+
+@pytest.mark.parametrize("path", [*PACK_FILES, *sorted(PACKS_DIR.glob("*.yaml"))],
+                         ids=lambda p: p.relative_to(PACKS_DIR).as_posix())
+def test_no_built_in_yaml_gives_a_key_twice(path: Path) -> None:
+    """YAML keeps the last of two equal keys silently: a pattern's `caseless: true` written
+    twice, or once under the wrong entry, would lose one of them."""
+    yaml.load(path.read_text(encoding="utf-8"), Loader=StrictLoader)  # noqa: S506 - a SafeLoader
+
+
+def test_a_key_given_twice_is_refused_by_the_strict_loader() -> None:
+    with pytest.raises(yaml.constructor.ConstructorError, match="'pattern' is given twice"):
+        yaml.load("patterns:\n  - pattern: 'a'\n    pattern: 'b'\n", Loader=StrictLoader)  # noqa: S506
 
 
 def test_the_committed_json_schema_is_the_models_own() -> None:
