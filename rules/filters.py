@@ -84,13 +84,6 @@ class _Rows:
         pieces.append(data[start:stop - 1] if data[stop - 1:stop] == b"\n" else data[start:stop])
         numbers.extend(range(first_line, first_line + total))
 
-    def add_lines(self, k: int, lines: list[bytes], numbers: list[int]) -> None:
-        """Single lines of rule k (without newlines): a run's sample points, a block's metric
-        lines at their offsets."""
-        pieces, known = self.batches.setdefault(k, ([], []))
-        pieces.extend(lines)
-        known.extend(numbers)
-
     def take(self) -> list[tuple[int, bytes, list[int]]]:
         out = sorted(((k, b"\n".join(pieces), numbers) for k, (pieces, numbers) in self.batches.items()),
                      key=lambda batch: batch[2][0])
@@ -421,6 +414,7 @@ class FilterStream:
         if not extractor.sampled or self.sample_bytes <= 0 or self.bytes_in < self.sample_after:
             self._extract_every_line(k, span, first_line, lines_per, offset, n)
             return
+        self._flush_rows()
         # Sample points sit at fixed offsets of the log (every sample_bytes), not at a count
         # of bytes since the rule began: a rule learned mid-log then reads the same lines as
         # the same rule in force from the start, from its first run on (the first and the
@@ -437,18 +431,28 @@ class FilterStream:
         self._sampled_upto[k] = interval
         self._pending.pop(k, None)
         indexes, lines = _sampled_lines(span, samples, lines_per, offset, n)
-        # read with the buffer's other metric lines (_flush_rows): one pass per rule, not a
-        # call per sample point (helix's 91 MB gave 4,000 of them, 70 us each)
-        self._rows.add_lines(k, lines, [first_line + i for i in indexes])
+        numbers, columns = extractor.columns_of(lines, [first_line + i for i in indexes])
+        if numbers:
+            texts = dict(zip((first_line + i for i in indexes), lines, strict=True))
+            self._on_progress(extractor.fields, numbers, columns, lambda number: texts[number].decode("utf-8", "replace"))
 
     def _extract_every_line(self, k: int, span: _Span, first_line: int, lines_per: int, offset: int, n: int) -> None:
+        extractor = self.program.extractors[k]
         data, start, stop, total = span.data, span.start, span.stop, span.total
         if lines_per == n:
             self._rows.add(k, data, start, stop, first_line, total)  # read with the buffer (_flush_rows)
             return
-        # a block's metric lines at fixed offsets of each period, read with the buffer's others
+        self._flush_rows()  # a block's metric lines at fixed offsets of each period: read now, in order
         indexes = [p * lines_per + offset + j for p in range(total // lines_per) for j in range(n)]
-        self._rows.add_lines(k, _lines_at(data, start, stop, indexes), [first_line + i for i in indexes])
+        lines = _lines_at(data, start, stop, indexes)
+        numbers, columns = extractor.columns_of(lines, [first_line + i for i in indexes])
+        texts = dict(zip((first_line + i for i in indexes), lines, strict=True))
+
+        def line_text(number: int) -> str:
+            return texts[number].decode("utf-8", "replace")
+
+        if numbers:
+            self._on_progress(extractor.fields, numbers, columns, line_text)
 
     def _flush_rows(self) -> None:
         """Read the metric lines gathered by _Rows, one pass per rule: in a format that
