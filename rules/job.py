@@ -20,6 +20,7 @@ from typing import Protocol
 from rules.classifier import Classifier, DiagnosisProgram, RuleEvidence
 from rules.linear import NotLinear, compile_linear
 from rules.envelope import bare_message
+from rules.extract import FieldError, FieldExtractor
 from rules.family import job_family
 from rules.model import FilterRule, KeptLine, Tier
 from rules.progress import ProgressTracker
@@ -343,6 +344,7 @@ class JobRun:
             self._learned_in_feed = bool(learned)
             if learned:
                 self.add_filter_rules(learned)
+                self._read_kept_checkpoints(learned, kept)
             if self._flagged:
                 kept = [replace(k, error_like=True) if (k.source, k.line_number) in self._flagged else k
                         for k in kept]
@@ -480,6 +482,31 @@ class JobRun:
         for run in self.sources.values():
             run.stream.set_program(self.filter_program)
 
+    def _read_kept_checkpoints(self, rules: list[FilterRule], pending: Iterable[KeptLine] = ()) -> None:
+        """A learned rule that reads checkpoint saves reads the ones this run kept before it
+        was learned (`pending`: the buffer being fed, not yet in the compressed log). The
+        second run of the same log has the rule in force from its first line and reads them
+        all; without this the first would report no checkpoint, or an older one (a 2.4 MB
+        MaxText log: none, then step 2500). Same log, same diagnosis."""
+        readers = []
+        for rule in rules:
+            try:
+                reader = FieldExtractor(rule.pattern, trusted=rule.trusted)
+            except FieldError:
+                continue
+            if "checkpoint_step" in reader.fields:
+                readers.append(reader)
+        if not readers:
+            return
+        lines = [*self.compressed.lines(), *pending]
+        for name, run in self.sources.items():
+            mine = [line for line in lines if line.source == name]
+            texts = [line.text.encode("utf-8", "replace") for line in mine]
+            for reader in readers:
+                numbers, columns = reader.columns_of(texts, [line.line_number for line in mine])
+                if numbers:
+                    run.progress.add_checkpoints(numbers, columns[reader.fields.index("checkpoint_step")])
+
     # -- live jobs: state between appends --------------------------------------------------------
     def snapshot(self) -> bytes:
         """The job's processing state, without compiled programs and agents (see restore).
@@ -524,7 +551,9 @@ class JobRun:
     # -- the verdict -------------------------------------------------------------------------
     def finish(self) -> Diagnosis:
         if self.log_agent is not None:
-            self.learned.extend(self.log_agent.finish(self.view()))
+            learned = self.log_agent.finish(self.view())
+            self.learned.extend(learned)
+            self._read_kept_checkpoints(learned)
         for run in self.sources.values():
             run.progress.spikes.finish()
         diagnosis = self._rule_diagnosis(ended=True)

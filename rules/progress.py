@@ -152,6 +152,15 @@ class ProgressTracker:
         self.last_line = (first, line_text(first))
         self._last_line_step = top
 
+    def add_checkpoints(self, line_numbers: Sequence[int], raw: Sequence[bytes | None]) -> None:
+        """Checkpoint saves read late (lines kept before the rule that reads them was
+        learned): merged in line order with those read already, each line once."""
+        known = {c.line_number: c for c in self.checkpoints}
+        for line, step in zip(line_numbers, _column(raw), strict=True):
+            if not math.isnan(step):
+                known.setdefault(line, Checkpoint(int(step), line, self.source))
+        self.checkpoints = deque(sorted(known.values(), key=lambda c: c.line_number), maxlen=self.checkpoints.maxlen)
+
     def _checkpoints(self, line_numbers: Sequence[int], raw: Sequence[bytes | None]) -> None:
         for line, step in zip(line_numbers, _column(raw), strict=True):
             if not math.isnan(step):
