@@ -266,13 +266,14 @@ _UNKNOWN_RANK = [
 ]
 
 
-_HOLE = re.compile(r"\{\w+\}|\b(?:rank|node) the (?:rank|node) that reported it|\bNone\b(?= (?:on|of|at|in)\b)")
+_HOLE = re.compile(r"\{\w+\}|\b(?:rank|node) the (?:rank|node) that reported it|\b(?:[Oo]n|of|at|in|rank|node|[Cc]ordon|[Dd]rain) None\b")
 
 
 def holes(text: str) -> list[str]:
     """What a rendered mitigation shows where a value should be: a `{name}` left unfilled, a
     default phrase inside a sentence that names one ("rank the rank that reported it"), a
-    Python None. A reader must never see these (`faultline eval` counts them)."""
+    Python None where a node or rank belongs ("Cordon None"; "None of the ranks" is English).
+    A reader must never see these (`faultline eval` counts them)."""
     return [m.group(0) for m in _HOLE.finditer(text)]
 
 

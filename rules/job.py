@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from rules.classifier import Classifier, DiagnosisProgram, RuleEvidence
-from rules.linear import NotLinear, compile_linear
 from rules.envelope import bare_message
 from rules.extract import FieldError, FieldExtractor
 from rules.family import job_family
+from rules.linear import NotLinear, compile_linear
 from rules.model import FilterRule, KeptLine, Tier
 from rules.progress import ProgressTracker
 from rules.timestamps import TimestampReader

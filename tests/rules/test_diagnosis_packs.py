@@ -65,8 +65,9 @@ def test_a_mitigation_quotes_the_error_as_the_line_says_it() -> None:
 @pytest.mark.parametrize(("text", "found"), [
     ("Drain {node} and restart.", ["{node}"]),
     ("A CUDA kernel failed on rank the rank that reported it.", ["rank the rank that reported it"]),
-    ("Cordon None on the next restart.", ["None"]),
+    ("Cordon None on the next restart.", ["Cordon None"]),
     ("Restart from the last checkpoint; cordon h100-025 if it repeats.", []),
+    ("None of the ranks printed an error: restart.", []),
 ])
 def test_holes_in_a_mitigation_are_found(text: str, found: list[str]) -> None:
     assert holes(text) == found
