@@ -326,8 +326,9 @@ class Sidecar:
                 log.warning("not sent: %s: %s", path, exc)
                 continue
             file_id = "error-file-" + hashlib.sha256(path.encode()).hexdigest()[:16]
-            batches.append(Batch(source=source_name(path, self.config.tail.source_prefix), file_id=file_id, offset=0, end=len(body), body=body,
-                                 read_at=time.time(), epoch=0, skipping_after=False))
+            batches.append(Batch(source=source_name(path, self.config.tail.source_prefix), file_id=file_id,
+                                 offset=0, end=len(body), body=body, read_at=time.time(), epoch=0,
+                                 skipping_after=False))
         if paths:
             log.info("sending %d torchrun error file(s) of %d found", len(batches), len(paths))
         return batches
