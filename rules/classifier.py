@@ -250,8 +250,7 @@ def _quoted(message: str, m: re.Match[str]) -> str:
     """`{match}`: the error as the line says it, from where the pattern matched to the end of
     the line. A pattern often stops at the exception's type (`ValueError: `), and "A value is
     invalid (ValueError: )" tells the reader nothing the reason did not."""
-    text = message[m.start():].strip(" \t[(:")
-    text = text.rstrip()
+    text = message[m.start():].strip(" \t\r[(:")
     return text if len(text) <= MAX_QUOTE else text[:MAX_QUOTE - 1].rstrip() + "…"
 
 

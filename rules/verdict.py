@@ -432,11 +432,10 @@ ERROR_FILE_RULE = "context.elastic-error-file"
 MAX_ERROR_FILES_NAMED = 3
 
 
-def _unknown_failure(diagnosis: Diagnosis, line: KeptLine | None,
-                     found: Mapping[str, RuleEvidence] | None = None) -> Diagnosis:
+def _unknown_failure(diagnosis: Diagnosis, line: KeptLine | None, found: Mapping[str, RuleEvidence]) -> Diagnosis:
     diagnosis.status = JobStatus.FAILED.value
     diagnosis.action, diagnosis.mitigation = nothing_found(JobStatus.FAILED)
-    kept = found.get(ERROR_FILE_RULE) if found else None
+    kept = found.get(ERROR_FILE_RULE)
     paths = list(dict.fromkeys(e.groups["error_file"] for e in kept.items if "error_file" in e.groups)) if kept else []
     if paths:
         # the worker's own exception is in a file torchrun kept (the log has only its exit
