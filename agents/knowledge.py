@@ -26,7 +26,8 @@ import yaml
 from agents.embeddings import Embedder, embedding_text, from_bytes, to_bytes
 from agents.incidents import Incident, IncidentSource, StoredIncident, incident_id
 from rules.model import TIER_RANK, DiagnosisRule, Tier
-from rules.packs import PACKS_DIR, SAFE_LOADER
+from rules.builtin import PACKS_DIR
+from rules.packs import SAFE_LOADER
 from rules.taxonomy import REASONS, reason
 
 REASONS_FILE = PACKS_DIR / "reasons.yaml"

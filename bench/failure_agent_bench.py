@@ -160,7 +160,7 @@ def knowledge_base(n: int, embed_n: int, embedder) -> dict:
     from agents.knowledge import KnowledgeBase, MemoryIncidents, seed_incidents
     from agents.vector_store import FaissIndex
     from fixtures.logs.novel_failures import generate_all
-    from rules.packs import builtin_diagnosis_rules
+    from rules.builtin import builtin_diagnosis_rules
 
     seeds = seed_incidents(builtin_diagnosis_rules())
     labels = [log.label for log in generate_all(seeds=40)]

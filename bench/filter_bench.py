@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rules.envelope import ENVELOPE_PATTERN
 from rules.extract import non_capturing
-from rules.packs import builtin_filter_rules
+from rules.builtin import builtin_filter_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"

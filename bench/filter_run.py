@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from rules.filters import FilterProgram, FilterStream
 from rules.guard import ErrorGuard
-from rules.packs import builtin_filter_rules
+from rules.builtin import builtin_filter_rules
 from rules.progress import ProgressTracker
 from service.ingest.lines import CHUNK_BYTES, iter_line_buffers, reuse_freed_buffers
 

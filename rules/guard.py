@@ -13,10 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import re2
-import yaml
 
 from rules.disk_cache import derived_json
-from rules.packs import SAFE_LOADER
 
 try:  # the wheel is x86-64/aarch64 Linux and macOS only
     import hyperscan
@@ -37,6 +35,10 @@ class GuardPattern:
 def load_guard_patterns(path: Path = ERROR_LIKE_FILE) -> list[GuardPattern]:
     """The error-like patterns, kept parsed in the cache directory (rules.disk_cache)."""
     def parse() -> list[dict]:
+        import yaml  # only when the cache misses: a short command's start parses no YAML
+
+        from rules.packs import SAFE_LOADER
+
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
         return [{"pattern": p["pattern"], "caseless": bool(p.get("caseless", False))} for p in data["patterns"]]
 

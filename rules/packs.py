@@ -1,25 +1,19 @@
-"""Loads the built-in rule packs (YAML data files), checked by rules.pack_schema, into rule
-objects; the result is kept as JSON in the cache directory (rules.disk_cache) under a hash of
-the packs and of this code, so a short command's start parses no YAML."""
+"""Loads rule packs (YAML data files), checked by rules.pack_schema, into rule objects: the
+built-in packs (through `rules.builtin`, which keeps the result cached) and imported ones."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import ValidationError
 
-from rules import model, pack_schema, taxonomy
-from rules.disk_cache import derived_json
-from rules.model import DiagnosisRule, FilterRule, Tier
+from rules.model import DiagnosisRule, FilterRule
 from rules.pack_schema import DiagnosisRuleSpec, FilterRuleSpec, Pack, problems
-from rules.taxonomy import Action, Origin, reason
+from rules.taxonomy import reason
 
 Spec = TypeVar("Spec", FilterRuleSpec, DiagnosisRuleSpec)
-
-PACKS_DIR = Path(__file__).parent / "packs"
 
 
 class PackError(ValueError):
@@ -112,24 +106,3 @@ def _as(model: type[Spec], rule: FilterRuleSpec | DiagnosisRuleSpec, path: Path)
         wanted = model.model_fields["kind"].default
         raise PackError(f"{path.name}: rule {rule.id!r} is a {rule.kind} rule, in a folder of {wanted} rules")
     return rule
-
-
-_CODE = (Path(__file__), Path(pack_schema.__file__), Path(model.__file__), Path(taxonomy.__file__))
-"""What turns a pack into rules: part of the cache key beside the packs' own bytes."""
-
-
-def builtin_filter_rules(packs_dir: Path = PACKS_DIR) -> list[FilterRule]:
-    files = sorted((packs_dir / "filters").glob("*.yaml"))
-    rows = derived_json("filter-rules", [*files, *_CODE],
-                        lambda: [asdict(rule) for path in files for rule in load_filter_pack(path)])
-    return [FilterRule(**{**row, "examples": tuple(row["examples"])}) for row in rows]
-
-
-def builtin_diagnosis_rules(packs_dir: Path = PACKS_DIR) -> list[DiagnosisRule]:
-    files = sorted((packs_dir / "diagnosis").glob("*.yaml"))
-    rows = derived_json("diagnosis-rules", [*files, *_CODE],
-                        lambda: [asdict(rule) for path in files for rule in load_diagnosis_pack(path)])
-    return [DiagnosisRule(**{**row, "tier": Tier(row["tier"]), "origin": Origin(row["origin"]),
-                             "action": Action(row["action"]), "patterns": tuple(row["patterns"]),
-                             "examples": tuple(row["examples"]), "counter_examples": tuple(row["counter_examples"])})
-            for row in rows]

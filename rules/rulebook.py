@@ -15,7 +15,7 @@ from rules.family import job_family
 from rules.filters import FilterProgram, FilterStream, ProgressSink
 from rules.guard import ErrorGuard
 from rules.model import DiagnosisRule, FilterRule
-from rules.packs import builtin_diagnosis_rules, builtin_filter_rules
+from rules.builtin import builtin_diagnosis_rules, builtin_filter_rules
 
 
 class RuleSource(Protocol):

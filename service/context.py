@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
@@ -17,9 +18,11 @@ from service.store import jobs as store
 from service.store.db import Database, open_database
 from service.metrics import Metrics
 from rules.job import FailureAgentHook, JobMeta, JobRun, LogAgentHook
-from service.admin.review import Review
 from rules.rulebook import Rulebook
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.admin.review import Review
 
 log = logging.getLogger("faultline.diagnosis")
 
@@ -35,7 +38,8 @@ class Context:
     failure_agent: FailureAgentHook | None = None
     closers: list = field(default_factory=list)
     metrics: Metrics = field(default_factory=Metrics)
-    review: Review | None = None
+    _review: Review | None = field(default=None, repr=False)
+    _review_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     learn: bool = True
     """False (`--no-learn`): rules learned or suggested in a run stay in that run, and nothing
     of the run is written to the store (rule hits, suggested rules, incidents)."""
@@ -59,8 +63,7 @@ class Context:
         db = open_database(settings)
         rulebook = Rulebook(source=store.RuleStore(db))
         metrics = metrics or Metrics()
-        ctx = cls(settings=settings, db=db, rulebook=rulebook, metrics=metrics,
-                  review=Review(rulebook, metrics=metrics), learn=learn)
+        ctx = cls(settings=settings, db=db, rulebook=rulebook, metrics=metrics, learn=learn)
         if settings.log_agent:
             from service.agents.log import build_log_agent
 
@@ -70,13 +73,24 @@ class Context:
             ctx.log_agent_impl = agent
             ctx.closers.extend(closers)
         if settings.failure_agent:
-            from service.agents.failure import LazyFailureAgent
+            from service.agents.failure_hook import LazyFailureAgent
 
             lazy = LazyFailureAgent(settings, db, rulebook, embedder=embedder, on_report=metrics.failure_agent_report,
                                     withheld_sources=withheld_sources)
             ctx.failure_agent = lazy
             ctx.closers.append(lazy.close)
         return ctx
+
+    @property
+    def review(self) -> Review:
+        """The admin's review of rules (validation, import, dry-run), built on first use: a
+        diagnose on the command line never needs it, and its import costs a start-up."""
+        with self._review_lock:
+            if self._review is None:
+                from service.admin.review import Review
+
+                self._review = Review(self.rulebook, metrics=self.metrics)
+            return self._review
 
     def log_agent(self, meta: JobMeta) -> LogAgentHook | None:
         if not self.settings.log_agent or self.log_agent_factory is None:

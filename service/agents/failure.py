@@ -1,9 +1,8 @@
 """What the Failure Agent needs from the service: the knowledge base in the database, the
 write-back into the rule store, and the agent built from the settings, lazily.
 
-Nothing here loads the embedding model until a job needs the agent: `LazyFailureAgent`
-builds the real one (model, seeded knowledge base, FAISS index) on its first call, once per
-process, so a command whose log the rules resolve starts and ends without torch.
+The agent is built only when a job needs it (`service.agents.failure_hook`), so a command
+whose log the rules resolve neither loads the model nor imports this module.
 """
 
 from __future__ import annotations
@@ -174,63 +173,29 @@ def store_suggested_rules(session: Session, diagnosis: Diagnosis) -> list[str]:
     return stored
 
 
-class LazyFailureAgent:
-    """A FailureAgentHook that builds the agent (model, knowledge base) on its first call."""
+def build_failure_agent(settings: Settings, db: Database, rulebook: Rulebook, embedder: Embedder, *,
+                        withheld_sources: frozenset[str], stop: threading.Event,
+                        on_report: Callable[[dict[str, Any]], None] | None, closers: list) -> FailureAgent:
+    """The agent from the settings: the knowledge base seeded and indexed (model loaded), the
+    LLM backend when one is configured (its closer appended to `closers`), the write-back."""
+    source = incidents.DbIncidents(db)
+    source.seed(seed_incidents(rulebook.builtin_diagnosis, withheld_sources=withheld_sources))
+    knowledge = KnowledgeBase(source, embedder, index_dir=settings.data_dir / INDEX_FOLDER, stop=stop)
+    knowledge.refresh()
+    llm = None
+    if settings.llm_configured:
+        llm = make_backend(settings.llm_base_url, settings.llm_model, settings.llm_api_key.get_secret_value(),
+                           timeout_s=settings.llm_timeout_s, max_retries=settings.llm_max_retries)
+        closers.append(llm.close)
+    return FailureAgent(knowledge, embedder, llm=llm, attempts=settings.failure_agent_attempts,
+                        max_tokens=settings.llm_max_tokens,
+                        writeback=StoreWriteBack(db, rulebook, auto_accept=settings.auto_accept_rules),
+                        on_report=on_report)
 
-    def __init__(self, settings: Settings, db: Database, rulebook: Rulebook, *, embedder: Embedder | None = None,
-                 on_report: Callable[[dict[str, Any]], None] | None = None,
-                 withheld_sources: frozenset[str] = frozenset()):
-        self.settings, self.db, self.rulebook = settings, db, rulebook
-        self.withheld_sources = withheld_sources
-        """Real incidents left out of the seeded knowledge (see `seed_incidents`)."""
-        self.on_report = on_report
-        self.embedder = embedder or LazyEmbedder(_load_minilm)
-        self._agent: FailureAgent | None = None
-        self._lock = threading.Lock()
-        self.stopping = threading.Event()
-        """Set at shutdown: a build under way stops at its next batch (agents.knowledge.Stopped)."""
-        self.closers: list = []
-        self.on_load: Callable[[], None] | None = None
-        """Called once, before the agent (its model and knowledge base) is built: the CLI says
-        so on standard error, since the first build costs seconds and hundreds of MB."""
 
-    @property
-    def built(self) -> bool:
-        return self._agent is not None
-
-    def agent(self) -> FailureAgent:
-        with self._lock:
-            if self._agent is None:
-                if self.on_load is not None:
-                    self.on_load()
-                self._agent = self._build()
-            return self._agent
-
-    def _build(self) -> FailureAgent:
-        source = incidents.DbIncidents(self.db)
-        source.seed(seed_incidents(self.rulebook.builtin_diagnosis, withheld_sources=self.withheld_sources))
-        knowledge = KnowledgeBase(source, self.embedder, index_dir=self.settings.data_dir / INDEX_FOLDER,
-                                  stop=self.stopping)
-        knowledge.refresh()
-        llm = None
-        if self.settings.llm_configured:
-            llm = make_backend(self.settings.llm_base_url, self.settings.llm_model,
-                               self.settings.llm_api_key.get_secret_value(), timeout_s=self.settings.llm_timeout_s,
-                               max_retries=self.settings.llm_max_retries)
-            self.closers.append(llm.close)
-        return FailureAgent(knowledge, self.embedder, llm=llm, attempts=self.settings.failure_agent_attempts,
-                            max_tokens=self.settings.llm_max_tokens,
-                            writeback=StoreWriteBack(self.db, self.rulebook, auto_accept=self.settings.auto_accept_rules),
-                            on_report=self.on_report)
-
-    def diagnose(self, job: JobView, diagnosis: Diagnosis) -> Diagnosis | None:
-        agent = self.agent()
-        agent.knowledge.refresh()  # incidents confirmed since (here or on another replica)
-        return agent.diagnose(job, diagnosis)
-
-    def close(self) -> None:
-        for closer in self.closers:
-            closer()
+def new_embedder() -> Embedder:
+    """The process's MiniLM, loaded on its first vector."""
+    return LazyEmbedder(_load_minilm)
 
 
 def _load_minilm() -> Embedder:

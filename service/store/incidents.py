@@ -191,7 +191,7 @@ def confirm_job(session: Session, job_id: str, *, actor: str, reason_id: str | N
     if not root.get("line") or root.get("reason") not in REASONS:
         raise Unprocessable("the job has no root-cause line and reason to confirm: give `reason` and `line`")
     from agents.knowledge import reason_tier
-    from rules.packs import builtin_diagnosis_rules
+    from rules.builtin import builtin_diagnosis_rules
 
     tier = reason_tier(root["reason"], builtin_diagnosis_rules()).value
     item = incident_from_root(root, (job.diagnosis or {}).get("mitigation") or "", confirmed_by="admin", tier=tier,

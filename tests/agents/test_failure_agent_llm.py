@@ -44,7 +44,7 @@ symptoms: they run on the rule set as it stood before that rule."""
 
 @pytest.fixture
 def ctx(minilm, tmp_path, scripted_llm, monkeypatch):
-    from rules.packs import builtin_diagnosis_rules
+    from rules.builtin import builtin_diagnosis_rules
 
     monkeypatch.setattr("rules.rulebook.builtin_diagnosis_rules",
                         lambda: [r for r in builtin_diagnosis_rules() if r.id != EFA_RULE])

@@ -13,7 +13,7 @@ from agents.embeddings import DIM, LazyEmbedder, embedding_text, from_bytes, mod
 from agents.incidents import incident_id
 from agents.knowledge import KnowledgeBase, MemoryIncidents, seed_incidents, vote
 from agents.vector_store import FaissIndex
-from rules.packs import builtin_diagnosis_rules
+from rules.builtin import builtin_diagnosis_rules
 from service.store.db import Database
 from service.store.incidents import DbIncidents
 

@@ -13,7 +13,7 @@ from agents.writeback import LabelledLine, has_literal_words, history_conflicts,
 from rules.classifier import DiagnosisProgram
 from rules.envelope import split_envelope
 from rules.model import Tier
-from rules.packs import builtin_diagnosis_rules
+from rules.builtin import builtin_diagnosis_rules
 
 LINES = [
     ("[default3]:ip-10-1-87-7:26859:27334 [3] nccl_net_ofi_rdma.c:1542 NCCL WARN NET/OFI Request 0x7f2e4c0a1b30 "

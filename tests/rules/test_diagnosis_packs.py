@@ -15,7 +15,7 @@ import re2
 from rules.classifier import MAX_QUOTE, Classifier, DiagnosisProgram, holes, render_mitigation
 from rules.envelope import split_envelope
 from rules.model import KeptLine, Tier
-from rules.packs import builtin_diagnosis_rules
+from rules.builtin import builtin_diagnosis_rules
 from rules.rootcause import choose_root_cause
 from rules.taxonomy import REASONS
 

@@ -13,7 +13,8 @@ import yaml
 from rules import packs
 from rules.disk_cache import derived_json
 from rules.guard import ERROR_LIKE_FILE, load_guard_patterns
-from rules.packs import PACKS_DIR, PackError, builtin_diagnosis_rules, builtin_filter_rules
+from rules.builtin import PACKS_DIR, builtin_diagnosis_rules, builtin_filter_rules
+from rules.packs import PackError
 
 
 def test_cached_packs_are_the_packs_as_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

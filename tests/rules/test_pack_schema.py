@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from rules.pack_schema import SCHEMA_FILE, schema_text
-from rules.packs import PACKS_DIR, PackError, StrictLoader, load_diagnosis_pack, load_filter_pack
+from rules.builtin import PACKS_DIR
+from rules.packs import PackError, StrictLoader, load_diagnosis_pack, load_filter_pack
 from service.admin.review import parse_pack
 from service.errors import Unprocessable
 

@@ -10,7 +10,7 @@ import pytest
 
 from rules.classifier import Classifier, DiagnosisProgram
 from rules.model import KeptLine
-from rules.packs import builtin_diagnosis_rules
+from rules.builtin import builtin_diagnosis_rules
 from rules.rootcause import choose_root_cause
 
 PROGRAM = DiagnosisProgram(builtin_diagnosis_rules())

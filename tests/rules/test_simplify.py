@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rules.envelope import split_envelope
-from rules.packs import builtin_filter_rules
+from rules.builtin import builtin_filter_rules
 from rules.simplify import line_language
 
 ROOT = Path(__file__).resolve().parents[2]

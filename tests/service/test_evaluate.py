@@ -104,7 +104,7 @@ def _corpus_folder(tmp_path: Path, split: str, count: int) -> list[dict]:
 
 def test_a_log_whose_own_line_seeds_the_knowledge_is_scored_without_it(tmp_path: Path, minilm) -> None:
     from agents.knowledge import load_real_incidents, seed_incidents
-    from rules.packs import builtin_diagnosis_rules
+    from rules.builtin import builtin_diagnosis_rules
     from service.evaluate import run_eval
 
     chosen = _corpus_folder(tmp_path / "dev", "dev", 4)
