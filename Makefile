@@ -59,6 +59,8 @@ bench: install
 	$(BIN)/python -m bench.unknown_formats_bench
 	# what a short command costs before it reads a line (--help, a 10-line diagnose)
 	$(BIN)/python -m bench.startup_bench
+	# nothing filtered: what every kept line costs (redaction, guard, rules, progress)
+	$(BIN)/python -m bench.kept_lines_bench
 	# many files in one upload: linear up to the limit, 413 past it
 	$(BIN)/python -m bench.upload_files_bench
 	# right on real logs it was never tuned on: the real corpus's test split, beside the baselines

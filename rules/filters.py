@@ -312,7 +312,7 @@ class FilterStream:
 
     def _scan(self, data: bytes, pos: int, end: int, kept: list[KeptLine]) -> None:
         """Consume [pos, end): whole lines, none of them error-like."""
-        runs, succ, second, program = self.program.runs, self._succ, self._second, self.program
+        runs, succ, second = self.program.runs, self._succ, self._second
         count_nl = data.count
         history: list[tuple[int, int]] = []
         cur = backoff = wait = 0

@@ -131,3 +131,15 @@ def findall_bytes(regexp, data: bytes, pos: int, endpos: int) -> list:
             out.append(tuple(b"" if s == _NO_SPAN else data[s[0]:s[1]] for s in spans[1:]))
         pos = whole[1] + 1 if whole[1] == whole[0] else whole[1]
     return out
+
+
+def search_groups(regexp, text: str) -> tuple[str | None, ...] | None:
+    """`regexp.search(text).groups()` (a group that did not take part is None), read from
+    RE2's spans on the text's UTF-8 bytes: the binding's `search` on a str re-encodes the text
+    and maps every span back to characters, and its `group(name)` rebuilds the name table on
+    each call; for a regexp run on every kept line that was most of its cost."""
+    data = text.encode("utf-8", "surrogatepass")
+    spans = regexp._regexp.Match(_UNANCHORED, data, 0, len(data))  # noqa: SLF001 - the binding's RE2 object
+    if spans[0] == _NO_SPAN:
+        return None
+    return tuple(None if s == _NO_SPAN else data[s[0]:s[1]].decode("utf-8", "surrogatepass") for s in spans[1:])

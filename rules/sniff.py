@@ -18,7 +18,7 @@ named), its kept lines are sniffed only for a NaN or inf (rules.progress.observe
 
 from __future__ import annotations
 
-from rules.linear import compile_linear
+from rules.linear import compile_linear, search_groups
 
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff])"
 LOSS_LINE = compile_linear(
@@ -29,19 +29,21 @@ LOSS_LINE = compile_linear(
 GRAD_NORM = compile_linear(
     r"(?:^|[ \t{,|'\"(]|train/)(?:[Gg]rad[_ ]?[Nn]orm|gnorm)['\"]?(?:[:=] ?| )['\"]?(?P<grad>" + _NUMBER + r")(?:[^\w.]|$)")
 """Not `max_grad_norm` or `clip_grad_norm` (settings, not readings): no `_` before it."""
+_STEP, _LOSS = LOSS_LINE.groupindex["step"] - 1, LOSS_LINE.groupindex["loss"] - 1
+_GRAD = GRAD_NORM.groupindex["grad"] - 1
 
 
 def loss_fields(text: str) -> tuple[str | None, str] | None:
     """(step or None, loss) as printed, when the line reports a training loss."""
     if "oss" not in text:  # most kept lines: no regex at all
         return None
-    m = LOSS_LINE.search(text)
-    if m is None:
+    groups = search_groups(LOSS_LINE, text)
+    if groups is None:
         return None
-    return m.group("step"), m.group("loss")
+    return groups[_STEP], groups[_LOSS]
 
 
 def grad_norm_field(text: str) -> str | None:
     """The gradient norm as printed, on a line that loss_fields reads."""
-    m = GRAD_NORM.search(text)
-    return None if m is None else m.group("grad")
+    groups = search_groups(GRAD_NORM, text)
+    return None if groups is None else groups[_GRAD]

@@ -13,7 +13,7 @@ from rules.classifier import DiagnosisCompileError, DiagnosisProgram
 from rules.extract import FieldError, FieldExtractor
 from rules.filters import FilterCompileError, FilterProgram
 from rules.guard import ErrorGuard
-from rules.linear import NotLinear, backtracking_feature, compile_linear
+from rules.linear import NotLinear, backtracking_feature, compile_linear, search_groups
 from rules.model import Action, DiagnosisRule, FilterRule, Origin, Tier
 
 # Shapes that backtrack badly in Python's engines behind a literal prefix (the prefix got them
@@ -119,3 +119,15 @@ def test_findall_bytes_gives_what_the_bindings_findall_gives() -> None:
             start = rng.randint(0, len(data))
             stop = rng.randint(start, len(data))
             assert findall_bytes(regexp, data, start, stop) == regexp.findall(data, start, stop), (pattern, data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("steploss:=' 0123456789.nanifNaN_/{}|ü完\t-")), max_size=60))
+def test_search_groups_reads_the_same_groups_as_the_binding(text: str) -> None:
+    """The spans read on the text's UTF-8 bytes give what the binding's own search gives
+    (non-ASCII text included: the spans are byte offsets there, characters here)."""
+    from rules.sniff import GRAD_NORM, LOSS_LINE
+
+    for regexp in (LOSS_LINE, GRAD_NORM):
+        found = regexp.search(text)
+        assert search_groups(regexp, text) == (None if found is None else found.groups(None))
