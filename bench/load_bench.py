@@ -7,7 +7,9 @@ several replicas on one PostgreSQL, and the database is restarted in the middle 
 
 Starts a private PostgreSQL server (initdb on a free port: the shared server is never
 restarted), `--replicas` real `faultline serve` processes on one database in it, then runs the
-workloads at once against them, while a watcher polls every replica's /healthz:
+workloads at once against them, while a watcher polls every replica's /healthz. The
+workloads start once every replica says its Failure Agent is built (the seconds it took, a new
+store's one-time embedding of the knowledge base, are in `setup.failure_agent_warm_up_s`):
 
 - `uploads`: `--clients` concurrent clients, each posting `--uploads` logs of `--log-mb` MB
   (half Megatron-LM style, filtered by the built-in packs; half MaxText, a format the Log
@@ -755,6 +757,30 @@ def report(fleet: Fleet, rec: Recorder, args: argparse.Namespace, logs: dict[str
 
 
 # -- running it ---------------------------------------------------------------------------------------
+WARM_ANSWERS = 8
+"""Consecutive /healthz answers saying the Failure Agent is ready: each worker of a replica
+answers some of them, and each builds its own agent."""
+
+
+def wait_until_warm(url: str, timeout_s: float = 600.0) -> float:
+    """Seconds until the replica's workers have built the Failure Agent (the embedding model
+    loaded, the knowledge base embedded: a new store's first start embeds every seeded
+    incident, minutes of CPU). The figures are the service's steady state, not its first start,
+    which is reported apart."""
+    began = time.monotonic()
+    streak = 0
+    while time.monotonic() - began < timeout_s:
+        state = httpx.get(f"{url}/healthz", timeout=10).json().get("failure_agent")
+        if state in ("loading",):
+            streak = 0
+        else:
+            streak += 1
+            if streak >= WARM_ANSWERS:
+                break
+        time.sleep(0.25 if streak else 1.0)
+    return round(time.monotonic() - began, 1)
+
+
 def quiet_reasons(url: str, logs: dict[str, bytes]) -> dict[str, str | None]:
     """What each log's diagnosis says with nothing else going on."""
     out = {}
@@ -822,6 +848,7 @@ def main(argv: list[str] | None = None) -> int:
                 log_path=folder / f"replica{i}.log"))
             replicas.append(replica.url)
             pids.append(replica.pid)
+        warm_up_s = {f"replica{i}": wait_until_warm(url) for i, url in enumerate(replicas)}
         expected = quiet_reasons(replicas[0], logs)
         fleet = Fleet(cluster, url, replicas, pids, folder)
         rec = Recorder()
@@ -830,6 +857,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(run_workloads(fleet, rec, args, logs))
         wall = time.monotonic() - began
         result = report(fleet, rec, args, logs, expected, wall, load_before)
+        result["setup"]["failure_agent_warm_up_s"] = warm_up_s
         tracebacks = sum((folder / f"replica{i}.log").read_text(errors="replace").count("Traceback")
                          for i in range(args.replicas))
         result["server_tracebacks"] = tracebacks
