@@ -44,6 +44,10 @@ class GzipDecoder:
         self.max_ratio = max_ratio
         self.max_output = max_output
         self.compressed = 0
+        self.consumed = 0
+        """Compressed bytes the decompressor has taken: the ratio is measured against these,
+        not against all that was fed (a file is read 8 MB at a time, and a bomb's first 8 MB
+        would otherwise be allowed 1.6 GB of output before the check could fire)."""
         self.decompressed = 0
 
     def feed(self, data: bytes) -> Iterator[bytes]:
@@ -54,6 +58,8 @@ class GzipDecoder:
                 out = self._d.decompress(data, CHUNK_BYTES)
             except zlib.error as exc:
                 raise BadInput(f"invalid gzip data: {exc}") from None
+            rest = self._d.unused_data if self._d.eof else self._d.unconsumed_tail
+            self.consumed += len(data) - len(rest)
             self._account(len(out))
             if out:
                 yield out
@@ -64,7 +70,7 @@ class GzipDecoder:
 
     def _account(self, produced: int) -> None:
         self.decompressed += produced
-        if self.decompressed > self.max_ratio * max(self.compressed, 1024):
+        if self.decompressed > self.max_ratio * max(self.consumed, 1024):
             raise PayloadTooLarge(
                 f"gzip input expands more than {self.max_ratio}x: refused as a decompression bomb")
         if self.max_output is not None and self.decompressed > self.max_output:
@@ -221,9 +227,12 @@ def iter_line_buffers(chunks: Iterable[bytes], *, name: str = "input", gzip: boo
     """Whole-line buffers from raw chunks; gzip is detected from the magic bytes when None."""
     decoder = LineDecoder(name=name, gzip=gzip, max_bytes=max_bytes, counters=counters)
     for chunk in chunks:
-        lines = decoder.feed(chunk)
-        if lines:
-            yield lines
+        # one decompressed piece at a time: a file is read 8 MB at a time, and 8 MB of gzip
+        # may hold gigabytes of text (memory must not grow with what a chunk expands to)
+        for piece in decoder.decode(chunk):
+            lines = decoder.split(piece)
+            if lines:
+                yield lines
     last = decoder.finish()
     if last:
         yield last

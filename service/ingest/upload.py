@@ -28,16 +28,20 @@ set, and each file costs a stream and its state."""
 class _SourceFeeder:
     """Decodes one source's bytes and feeds the job in large buffers."""
 
-    def __init__(self, run: JobRun, name: str, *, gzip: bool | None, max_ratio: int):
+    def __init__(self, run: JobRun, name: str, *, gzip: bool | None, max_ratio: int, decoded: _Limit):
         self.run, self.name = run, name
         self.decoder = LineDecoder(name=name, gzip=gzip, max_ratio=max_ratio)
         self.counters = self.decoder.counters
+        self.decoded = decoded
+        """The request's limit, on what its bodies decompress to (shared by its files)."""
         self.pending: list[bytes] = []
         self.pending_bytes = 0
 
     def add(self, data: bytes) -> bool:
         """Take raw bytes; True when enough whole lines are pending to feed."""
+        before = self.counters.bytes_decoded
         lines = self.decoder.feed(data)
+        self.decoded.add(self.counters.bytes_decoded - before)
         if lines:
             self.pending.append(lines)
             self.pending_bytes += len(lines)
@@ -60,19 +64,25 @@ class _SourceFeeder:
 
 
 class _Limit:
-    def __init__(self, max_bytes: int):
-        self.max_bytes, self.seen = max_bytes, 0
+    def __init__(self, max_bytes: int, what: str = "request body"):
+        self.max_bytes, self.seen, self.what = max_bytes, 0, what
 
     def add(self, n: int) -> None:
         self.seen += n
         if self.seen > self.max_bytes:
-            raise PayloadTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes")
+            raise PayloadTooLarge(f"{self.what} exceeds the limit of {self.max_bytes} bytes")
+
+
+def _decoded_limit(max_bytes: int) -> _Limit:
+    """The body limit applies to what a gzip body holds, too: an 11 MB gzip of 300 MB of
+    text is a 300 MB upload (the expansion ratio alone allows up to 200x the limit)."""
+    return _Limit(max_bytes, "decompressed request body")
 
 
 async def feed_plain(run: JobRun, body: AsyncIterator[bytes], *, name: str, gzip: bool,
                      max_bytes: int, max_ratio: int, cpu: asyncio.Semaphore | None = None) -> None:
     """`cpu`: the process's slots for CPU work (service.threads.in_turn)."""
-    feeder = _SourceFeeder(run, name, gzip=gzip, max_ratio=max_ratio)
+    feeder = _SourceFeeder(run, name, gzip=gzip, max_ratio=max_ratio, decoded=_decoded_limit(max_bytes))
     limit = _Limit(max_bytes)
     async for chunk in body:
         limit.add(len(chunk))
@@ -89,7 +99,7 @@ async def feed_multipart(run: JobRun, body: AsyncIterator[bytes], content_type: 
     boundary = params.get(b"boundary")
     if not boundary:
         raise BadInput("multipart body without a boundary")
-    state = _MultipartState(run, max_ratio, max_files)
+    state = _MultipartState(run, max_ratio, _decoded_limit(max_bytes), max_files)
     parser = MultipartParser(boundary, state.callbacks())
     limit = _Limit(max_bytes)
     async for chunk in body:
@@ -120,8 +130,8 @@ def _write(parser: MultipartParser, chunk: bytes | None) -> None:
 
 
 class _MultipartState:
-    def __init__(self, run: JobRun, max_ratio: int, max_files: int = MAX_FILES):
-        self.run, self.max_ratio, self.max_files = run, max_ratio, max_files
+    def __init__(self, run: JobRun, max_ratio: int, decoded: _Limit, max_files: int = MAX_FILES):
+        self.run, self.max_ratio, self.max_files, self.decoded = run, max_ratio, max_files, decoded
         self.files = 0
         self._header_field = b""
         self._in_value = False
@@ -162,7 +172,8 @@ class _MultipartState:
                                   "(or join the small files first)")
         name = filename.decode("utf-8", "replace") or f"part-{self.files}"
         gzip = name.endswith(".gz") or self._headers.get(b"content-encoding", b"").strip().lower() == b"gzip"
-        self._current = _SourceFeeder(self.run, name, gzip=gzip or None, max_ratio=self.max_ratio)
+        self._current = _SourceFeeder(self.run, name, gzip=gzip or None, max_ratio=self.max_ratio,
+                                      decoded=self.decoded)
 
     def _data(self, data: bytes, start: int, end: int) -> None:
         if self._current is not None and self._current.add(data[start:end]) and self._current not in self._ready:

@@ -8,7 +8,7 @@ import io
 import pytest
 
 from service.errors import BadInput, PayloadTooLarge
-from service.ingest.lines import GzipDecoder, IngestCounters, LineSplitter, iter_line_buffers
+from service.ingest.lines import CHUNK_BYTES, MAX_LINE_BYTES, GzipDecoder, IngestCounters, LineSplitter, iter_line_buffers
 
 
 def chunks(data: bytes, size: int) -> list[bytes]:
@@ -35,6 +35,48 @@ def test_a_gzip_bomb_is_refused_before_it_expands_in_memory() -> None:
     with pytest.raises(PayloadTooLarge, match="expands more than 200x"):
         for piece in decoder.feed(bomb):
             assert len(piece) <= 8 << 20  # never a huge buffer at once
+
+
+def test_a_bomb_read_in_one_big_chunk_is_refused_at_its_first_piece() -> None:
+    """The ratio is measured against the compressed bytes the decompressor took, not the
+    whole chunk it was handed: a file is read 8 MB at a time, and 8 MB of a bomb would
+    otherwise be allowed 1.6 GB of output (the CLI took 10 s and 1.8 GB on a 10 GiB bomb)."""
+    bomb = gzip.compress(b"\n" * (256 << 20), compresslevel=9)
+    decoder = GzipDecoder(max_ratio=200)
+    out = 0
+    with pytest.raises(PayloadTooLarge, match="expands more than 200x"):
+        for piece in decoder.feed(bomb):
+            out += len(piece)
+    assert out <= CHUNK_BYTES
+
+
+def test_a_chunk_that_expands_far_is_split_one_piece_at_a_time() -> None:
+    """Memory does not grow with what one read chunk of gzip expands to."""
+    plain = b"".join(b"step %d loss %.3f\n" % (i, 2 + (i % 7) / 10) for i in range(2_500_000))
+    packed = gzip.compress(plain)
+    assert len(plain) > 4 * CHUNK_BYTES and len(plain) < 200 * len(packed)
+    sizes = [len(buffer) for buffer in iter_line_buffers([packed])]
+    assert sum(sizes) == len(plain) and max(sizes) <= CHUNK_BYTES + MAX_LINE_BYTES  # a piece, and the line it ends in
+
+
+def test_an_upload_limit_counts_what_a_gzip_body_holds() -> None:
+    import asyncio
+
+    from rules.job import JobRun
+    from rules.rulebook import Rulebook
+    from service.ingest.upload import feed_plain
+
+    plain = b"".join(b"step %d loss %.3f\n" % (i, 2 + (i % 7) / 10) for i in range(200_000))
+    packed = gzip.compress(plain)
+    assert len(packed) < 1_000_000 < len(plain)
+
+    async def body():
+        for piece in chunks(packed, 65536):
+            yield piece
+
+    with pytest.raises(PayloadTooLarge, match="decompressed request body exceeds the limit of 1000000 bytes"):
+        asyncio.run(feed_plain(JobRun(Rulebook()), body(), name="body", gzip=True, max_bytes=1_000_000,
+                               max_ratio=200))
 
 
 def test_truncated_and_invalid_gzip_are_clear_errors() -> None:
