@@ -411,7 +411,7 @@ class FailureAgent:
         if self.llm is not None and retrieval.candidates:
             decision, problems, attempts = self._ask(job, diagnosis, retrieval)
         if decision is None:
-            decision = self._embedded(retrieval)
+            decision = self._embedded(retrieval, job)
             if decision is None and (diagnosis.root_cause is None or diagnosis.root_cause.reason == "unknown"):
                 decision = best_guess(retrieval, diagnosis.root_cause.line if diagnosis.root_cause else None)
             if decision is not None:
@@ -436,8 +436,9 @@ class FailureAgent:
 
     # -- decisions ---------------------------------------------------------------------------
     @staticmethod
-    def _embedded(retrieval: Retrieval) -> Decision | None:
-        best = choose(retrieval.candidates)
+    def _embedded(retrieval: Retrieval, job: JobView) -> Decision | None:
+        backed = [c for c in retrieval.candidates if not _unbacked_infrastructure(c, retrieval, job)]
+        best = choose(backed or retrieval.candidates)
         if best is None or best.from_rule:
             return None  # the rules' own evidence is the strongest: their diagnosis stands
         return Decision(best.chunk.first, best.chunk, best.reason, best.origin, best.tier, best.confidence,
@@ -551,6 +552,19 @@ class FailureAgent:
                     out.rules_to_store = [*diagnosis.rules_to_store, rule]
         out.agent = report
         return out
+
+
+def _unbacked_infrastructure(candidate: Candidate, retrieval: Retrieval, job: JobView) -> bool:
+    """A fault of the cluster read, by its likeness to past incidents alone, into a line that
+    is an error only in the Log Agent's judgement (no error pattern matches its words) and
+    that no infrastructure rule's line backs. A job prints what it likes (an eval prompt that
+    quotes an InfiniBand error, a sample of its data), so such a reading never outranks the
+    job's own errors; when nothing else stands, it is still the lead (at half confidence).
+    A line the error patterns flag (`CUDA Error, for getOutput ...`) keeps its reading: on
+    real logs those readings are most often right."""
+    return (not candidate.from_rule and candidate.origin == Origin.INFRASTRUCTURE.value
+            and job.forwarded(candidate.chunk.first)
+            and not _infrastructure_rule_supports(candidate.chunk, retrieval.related(candidate.chunk)))
 
 
 def _infrastructure_rule_supports(chunk: Chunk, related: Sequence[Chunk]) -> bool:

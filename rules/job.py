@@ -161,6 +161,11 @@ class JobView:
     def forward_error_lines(self, lines: Iterable[KeptLine]) -> None:
         self._run.forward_error_lines(lines)
 
+    def forwarded(self, line: KeptLine) -> bool:
+        """Whether the line is error-like only because an agent forwarded it: no error
+        pattern matched its own words."""
+        return (line.source, line.line_number) in self._run._forwarded  # noqa: SLF001 - the view's own run
+
 
 class LogAgentHook(Protocol):
     def observe(self, job: JobView, kept: list[KeptLine]) -> list[FilterRule]:

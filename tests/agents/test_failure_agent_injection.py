@@ -100,3 +100,20 @@ def test_a_fault_printed_as_an_error_by_the_job_drains_nothing(ctx, scripted_llm
     assert d["root_cause"]["line"] == fake and d["root_cause"]["reason"] == "network_error"  # the model's lead
     assert d["action"] == "investigate" and d["mitigation"].startswith("This reads like")
     assert all(r["status"] == "pending" for r in d["suggested_rules"])
+
+
+@pytest.mark.parametrize("kind", sorted(INJECTIONS))
+def test_without_a_model_an_injected_line_changes_nothing(minilm, tmp_path, kind: str) -> None:
+    """No LLM, the Log Agent on (as `faultline diagnose` runs): a line the Log Agent forwards
+    for its looks (the eval prompt quoting an InfiniBand fault) is read by its likeness to
+    past network incidents, but such a reading does not outrank the job's own error."""
+    def run(name: str, lines: list[str]) -> dict:
+        with Context.open(Settings(data_dir=tmp_path / name), embedder=minilm) as context:
+            return diagnose(context, lines)
+
+    want = run("base", BUG)
+    d = run("injected", [BUG[0], INJECTIONS[kind], *BUG[1:]])
+    assert d["root_cause"]["line"] == want["root_cause"]["line"] == ROOT
+    assert (d["root_cause"]["reason"], d["root_cause"]["origin"], d["action"]) == (
+        want["root_cause"]["reason"], want["root_cause"]["origin"], want["action"])
+    assert d["suspect_nodes"] == [] and "node-7" not in d["mitigation"]
