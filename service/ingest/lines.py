@@ -39,7 +39,9 @@ class IngestCounters:
 class GzipDecoder:
     """Incremental gzip (also concatenated members) with a cap on the expansion ratio."""
 
-    def __init__(self, max_ratio: int = MAX_GZIP_RATIO, max_output: int | None = None):
+    def __init__(self, max_ratio: int = MAX_GZIP_RATIO, max_output: int | None = None, *, name: str = "input"):
+        self.name = name
+        """Named in every error: which of the files given, or which part of an upload."""
         self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         self.max_ratio = max_ratio
         self.max_output = max_output
@@ -57,7 +59,7 @@ class GzipDecoder:
                 # bounded output per call keeps a bomb from expanding into memory at once
                 out = self._d.decompress(data, CHUNK_BYTES)
             except zlib.error as exc:
-                raise BadInput(f"invalid gzip data: {exc}") from None
+                raise BadInput(f"{self.name}: invalid gzip data: {exc}") from None
             rest = self._d.unused_data if self._d.eof else self._d.unconsumed_tail
             self.consumed += len(data) - len(rest)
             self._account(len(out))
@@ -72,13 +74,13 @@ class GzipDecoder:
         self.decompressed += produced
         if self.decompressed > self.max_ratio * max(self.consumed, 1024):
             raise PayloadTooLarge(
-                f"gzip input expands more than {self.max_ratio}x: refused as a decompression bomb")
+                f"{self.name}: gzip input expands more than {self.max_ratio}x: refused as a decompression bomb")
         if self.max_output is not None and self.decompressed > self.max_output:
-            raise PayloadTooLarge(f"decompressed input exceeds the limit of {self.max_output} bytes")
+            raise PayloadTooLarge(f"{self.name}: decompressed input exceeds the limit of {self.max_output} bytes")
 
     def close(self) -> None:
         if not self._d.eof and self.compressed:
-            raise BadInput("truncated gzip data")
+            raise BadInput(f"{self.name}: truncated gzip data")
 
 
 _CONTROL = bytes(c for c in range(32) if c not in b"\t\n\r\x0b\x0c\x08\x1b") + b"\x7f"
@@ -198,7 +200,7 @@ class LineDecoder:
         if self._first:
             self._first = False
             if self._gzip or (self._gzip is None and chunk.startswith(_GZIP_MAGIC)):
-                self._decoder = GzipDecoder(max_ratio=self._max_ratio, max_output=self._max_output)
+                self._decoder = GzipDecoder(max_ratio=self._max_ratio, max_output=self._max_output, name=self.name)
         for piece in self._decoder.feed(chunk) if self._decoder else (chunk,):
             if self.counters.bytes_decoded == 0 and looks_binary(piece):
                 raise BadInput(f"{self.name}: input looks binary (NUL or control bytes), not a text log")

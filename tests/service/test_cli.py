@@ -165,6 +165,17 @@ def test_each_reports_a_bad_file_and_goes_on(tmp_path: Path, log_file: Path) -> 
     assert "missing.log" in rows[2]["error"]
 
 
+def test_a_gzip_error_names_its_file(tmp_path: Path, log_file: Path) -> None:
+    """Of several files given, the message says which one is broken."""
+    import gzip
+
+    cut = tmp_path / "rank3.log.gz"
+    cut.write_bytes(gzip.compress(b"".join(b"step %d loss %d\n" % (i, i * 7919 % 1000) for i in range(5000)))[:200])
+    done = faultline("diagnose", str(log_file), str(cut))
+    assert done.returncode == 2
+    assert f"{cut}: truncated gzip data" in done.stderr.decode()
+
+
 def _error_file(folder: Path, local_rank: int, exc: str, frames: str) -> Path:
     path = folder / "attempt_0" / str(local_rank) / "error.json"
     path.parent.mkdir(parents=True)
