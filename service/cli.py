@@ -65,7 +65,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("diagnose", help="diagnose one job from its log files")
+    p = sub.add_parser(
+        "diagnose", help="diagnose one job from its log files", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Name why a training job failed (root cause, origin, action, suspect nodes, progress) from\n"
+                    "its log files: all PATHs are one job, e.g. one file per rank. Exit 0 when a diagnosis\n"
+                    "was made, 2 for bad usage or unreadable input.",
+        epilog="examples:\n"
+               "  faultline diagnose train.log\n"
+               "  faultline diagnose logs/rank*.log --job-name gpt-7b-pretrain --json\n"
+               "  kubectl logs job/gpt-7b | faultline diagnose -\n"
+               "  faultline diagnose --each --json old-jobs/*.log.gz > diagnoses.jsonl\n"
+               "  faultline diagnose train.log --error-file '/tmp/torchelastic_*/**/error.json'")
     p.add_argument("paths", nargs="+", metavar="PATH", help="log files of one job ('-' is stdin, .gz is read as gzip)")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     p.add_argument("--each", action="store_true", help="each PATH is its own job; one JSON object per line")
@@ -77,19 +87,37 @@ def _parser() -> argparse.ArgumentParser:
                    help="a torchrun/elastic JSON error file (@record, TORCHELASTIC_ERROR_FILE) as evidence; "
                         "repeatable, globs allowed, e.g. '/tmp/torchelastic_*/**/error.json'")
 
-    p = sub.add_parser("serve", help="run the HTTP service")
-    p.add_argument("--host", default="127.0.0.1", metavar="H")
-    p.add_argument("--port", type=int, default=8080, metavar="P")
+    p = sub.add_parser(
+        "serve", help="run the HTTP service", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The HTTP service: POST /diagnose, live jobs (/jobs), the admin's rule review (/admin),\n"
+                    "/metrics, /healthz and the API documentation (/docs). Settings come from FAULTLINE_*\n"
+                    "variables or the TOML file FAULTLINE_CONFIG names (README.md lists them).",
+        epilog="examples:\n"
+               "  FAULTLINE_ADMIN_TOKEN=$(openssl rand -hex 16) faultline serve\n"
+               "  FAULTLINE_API_TOKENS=cluster-a:ingest+read:$TOKEN faultline serve --host 0.0.0.0 --workers 2\n"
+               "  curl -H 'Content-Type: text/plain' --data-binary @train.log localhost:8080/diagnose")
+    p.add_argument("--host", default="127.0.0.1", metavar="H",
+                   help="address to listen on (default 127.0.0.1; any other needs FAULTLINE_API_TOKENS or --insecure)")
+    p.add_argument("--port", type=int, default=8080, metavar="P", help="port to listen on (default 8080)")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (uvicorn)")
     p.add_argument("--insecure", action="store_true",
                    help="serve the job API without tokens on a non-loopback address (anyone who reaches the port "
                         "can read and write jobs); without it, such an address needs FAULTLINE_API_TOKENS")
 
-    p = sub.add_parser("compress", help="print the kept lines of a log and what was filtered")
-    p.add_argument("path", metavar="PATH")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--job-name", default="", metavar="N")
-    p.add_argument("--framework", default=None, metavar="F")
+    p = sub.add_parser(
+        "compress", help="print the kept lines of a log and what was filtered",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="What the filter keeps of a log (errors, their context, what no rule knows) and what it\n"
+                    "threw away, per rule. The Log Agent runs here too: the filter rules it learns for the\n"
+                    "job's family are stored (said on standard error) unless --no-learn.",
+        epilog="examples:\n"
+               "  faultline compress train.log | less\n"
+               "  faultline compress train.log.gz --job-name gpt-7b-pretrain --json | jq .lines_kept")
+    p.add_argument("path", metavar="PATH", help="one log file ('-' is stdin, .gz is read as gzip)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object: lines_in, lines_kept, bytes_in, rules_learned, kept")
+    p.add_argument("--job-name", default="", metavar="N", help="job name (finds rules learned for its family)")
+    p.add_argument("--framework", default=None, metavar="F", help="framework, to use only its rule packs")
     p.add_argument("--no-learn", action="store_true",
                    help="store nothing: filter rules learned stay in this run (the store is only read)")
 

@@ -234,3 +234,14 @@ def test_a_bad_error_file_is_refused_by_name(tmp_path: Path, log_file: Path, con
     done = faultline("diagnose", str(log_file), "--error-file", str(bad))
     assert done.returncode == 2 and message in done.stderr.decode() and str(bad) in done.stderr.decode()
     assert "no file matches" in faultline("diagnose", str(log_file), "--error-file", str(tmp_path / "x*.json")).stderr.decode()
+
+
+def test_the_main_commands_explain_every_option_and_show_examples() -> None:
+    from service.cli import _parser
+
+    commands = _parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse keeps them there
+    for name in ("diagnose", "serve", "compress"):
+        command = commands[name]
+        assert command.description and "examples:" in (command.epilog or ""), name
+        undocumented = [a.dest for a in command._actions if not a.help]  # noqa: SLF001
+        assert not undocumented, (name, undocumented)
