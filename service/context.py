@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,6 +42,8 @@ class Context:
     metrics: Metrics = field(default_factory=Metrics)
     _review: Review | None = field(default=None, repr=False)
     _review_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _started: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary, repr=False)
+    """When each run began (time.monotonic), for the seconds of its diagnosis line."""
     learn: bool = True
     """False (`--no-learn`): rules learned or suggested in a run stay in that run, and nothing
     of the run is written to the store (rule hits, suggested rules, incidents)."""
@@ -108,8 +112,10 @@ class Context:
         Agent out: only the kept lines are wanted, and its model costs seconds to load."""
         self.rulebook.refresh()
         agent = self.failure_agent if self.settings.failure_agent and diagnose else None
-        return JobRun(self.rulebook, meta, log_agent=self.log_agent(meta), failure_agent=agent,
-                      node_files=self.settings.node_file_pattern)
+        run = JobRun(self.rulebook, meta, log_agent=self.log_agent(meta), failure_agent=agent,
+                     node_files=self.settings.node_file_pattern)
+        self._started[run] = time.monotonic()
+        return run
 
     def after_run(self, run: JobRun, diagnosis: Diagnosis, *, entry: str = "cli",
                   session: Session | None = None, job_id: str | None = None) -> None:
@@ -122,10 +128,12 @@ class Context:
         root = result.get("root_cause") or {}
         # one line per diagnosis, key=value, for the operator's log search (what the metrics
         # count, per job); the log's own text is never in it
-        log.info("diagnosis entry=%s job=%s name=%s status=%s reason=%s origin=%s action=%s source=%s lines=%d",
-                 entry, job_id or "-", json.dumps(run.meta.name or ""), result["status"], root.get("reason") or "-",
-                 root.get("origin") or "-", result.get("action") or "-", root.get("source") or "-",
-                 sum(src.stream.lines_in for src in run.sources.values()))
+        started = self._started.pop(run, None)
+        log.info("diagnosis entry=%s job=%s name=%s status=%s reason=%s origin=%s action=%s source=%s lines=%d "
+                 "seconds=%s", entry, job_id or "-", json.dumps(run.meta.name or ""), result["status"],
+                 root.get("reason") or "-", root.get("origin") or "-", result.get("action") or "-",
+                 root.get("source") or "-", sum(src.stream.lines_in for src in run.sources.values()),
+                 "-" if started is None else f"{time.monotonic() - started:.3f}")
         if not self.learn:
             return
         hits: dict[str, int] = {}

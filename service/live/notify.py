@@ -26,6 +26,7 @@ import hmac
 import json
 import logging
 import random
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -152,8 +153,8 @@ class Deliverer:
         base = min(self.settings.webhook_backoff_max_s, self.settings.webhook_backoff_s * 2 ** max(0, attempts - 1))
         return base * random.uniform(0.8, 1.2)
 
-    def claim(self) -> list[tuple[int, int, str, dict[str, Any]]]:
-        """Due deliveries this replica now owns: (id, attempt, event, payload)."""
+    def claim(self) -> list[tuple[int, int, str, dict[str, Any], str]]:
+        """Due deliveries this replica now owns: (id, attempt, event, payload, job id)."""
         now = utcnow()
         claimed = []
         with self.db.session() as session:
@@ -169,10 +170,11 @@ class Deliverer:
                             next_attempt_at=now + timedelta(seconds=CLAIM_LEASE_S))).rowcount
                 if won == 1:
                     row = session.get(Notification, nid)
-                    claimed.append((nid, row.attempts, row.event, row.payload))
+                    claimed.append((nid, row.attempts, row.event, row.payload, row.job_id))
         return claimed
 
-    def settle(self, nid: int, attempt: int, event: str, error: str | None) -> None:
+    def settle(self, nid: int, attempt: int, event: str, error: str | None, *, job_id: str | None = None,
+               seconds: float | None = None) -> None:
         with self.db.session() as session:
             row = session.get(Notification, nid)
             if row is None:
@@ -189,7 +191,8 @@ class Deliverer:
                 row.last_error = error[:2000]
                 outcome = "retry"
         # one line per delivery attempt, key=value like the diagnosis line
-        log.info("webhook notification=%s event=%s attempt=%d outcome=%s%s", nid, event, attempt, outcome,
+        log.info("webhook notification=%s job=%s event=%s attempt=%d outcome=%s seconds=%s%s", nid, job_id or "-",
+                 event, attempt, outcome, "-" if seconds is None else f"{seconds:.3f}",
                  "" if error is None else f" error={json.dumps(error[:200])}")
         self.metrics.notifications.labels(event, outcome).inc()
 
@@ -218,9 +221,11 @@ class Deliverer:
 
     async def deliver_due(self, client: httpx.AsyncClient) -> int:
         claimed = await in_thread(self.claim)
-        for nid, attempt, event, body in claimed:
+        for nid, attempt, event, body, job_id in claimed:
+            began = time.monotonic()
             error = await self.send(client, nid, event, body)
-            await in_thread(self.settle, nid, attempt, event, error)
+            seconds = time.monotonic() - began
+            await in_thread(lambda: self.settle(nid, attempt, event, error, job_id=job_id, seconds=seconds))
         return len(claimed)
 
     async def run(self, wake: asyncio.Event, *, tick_s: float = 1.0) -> None:

@@ -426,7 +426,7 @@ class LiveJobs:
         if notified:
             self.outbox.poke()
         result.status = diagnosis["status"]
-        self.ctx.after_run(run, result, entry="live")
+        self.ctx.after_run(run, result, entry="live", job_id=job_id)
         return job
 
     def sources(self, job_id: str) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import time
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def test_a_loss_spike_is_notified_with_where_to_roll_back(tmp_path: Path) -> Non
         assert payload["rollback"]["checkpoint_step"] == 150 and payload["rollback"]["kind"] == "nan"
 
 
-def test_delivery_gives_up_after_the_last_attempt(tmp_path: Path) -> None:
+def test_delivery_gives_up_after_the_last_attempt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with WebhookReceiver(statuses=[500] * 10) as hook:
         settings = settings_for(tmp_path, hook, webhook_max_attempts=3)
         db = Database(settings.database_url)
@@ -129,11 +130,16 @@ def test_delivery_gives_up_after_the_last_attempt(tmp_path: Path) -> None:
                     await deliverer.deliver_due(client)
                     await asyncio.sleep(0.05)
 
-        asyncio.run(rounds())
+        with caplog.at_level(logging.INFO, logger="faultline.webhooks"):
+            asyncio.run(rounds())
         with db.session() as session:
             row = session.get(Notification, 1)
             assert (row.status, row.attempts) == ("failed", 3) and row.last_error == "HTTP 500"
         db.close()
+    # one line per attempt for the operator: which job, how it went, how long it took
+    attempts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("webhook notification=1 ")]
+    assert len(attempts) == 3 and all("job=j1 event=failed" in line and "seconds=" in line for line in attempts)
+    assert "outcome=failed" in attempts[-1]
 
 
 def test_a_chat_message_says_what_to_do_and_a_log_line_cannot_mention_anyone(tmp_path: Path) -> None:

@@ -29,4 +29,5 @@ def test_a_diagnosis_writes_one_line_naming_job_status_reason_and_action(tmp_pat
     line = lines[0]
     assert 'entry=diagnose job=j-123 name="gpt-7b pretrain" status=failed reason=ecc_error' in line
     assert f"action={diagnosis.action}" in line and "lines=" in line
+    assert float(line.rsplit("seconds=", 1)[1]) >= 0  # from the run's creation to its diagnosis
     assert diagnosis.root_cause.line not in line
