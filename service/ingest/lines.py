@@ -263,7 +263,10 @@ def whole_lines(body: bytes, *, name: str = "chunk") -> tuple[bytes, int]:
     """A live append's chunk as the pipeline takes it, through the same decoder: binary
     refused, CR as line ends, over-long lines cut, a final newline (the end of a chunk ends a
     line: the sidecar only sends a partial line when it gave up waiting for the rest).
-    Returns the buffer and its number of lines."""
+    Returns the buffer and the number of the file's lines it completes: a partial line at
+    the end is diagnosed as a line, but counted when the chunk that ends it comes (counted
+    here too, a line sent in two parts was two lines received)."""
     decoder = LineDecoder(name=name, gzip=False)
-    buffer = decoder.feed(body) + decoder.finish()
-    return buffer, buffer.count(b"\n")
+    whole = decoder.feed(body)
+    buffer = whole + decoder.finish()
+    return buffer, whole.count(b"\n")

@@ -226,7 +226,7 @@ class LiveJobs:
             self.cache.clear()  # rules changed: cached programs are stale
         run = self._run(job_id, version)
         try:
-            kept = run.feed(chunk.source, buffer, raw_bytes=len(body)) if lines else []
+            kept = run.feed(chunk.source, buffer, raw_bytes=len(body)) if buffer else []
             diagnosis = run.current()
             with self.ctx.db.session() as session:
                 self._save_state(session, job_id, version, run)
@@ -276,11 +276,12 @@ class LiveJobs:
         how long the job's progress reports take, the longest pause it survived."""
         job.lines_received += lines
         job.bytes_received += size
-        if lines and (job.last_output_at is None or observed > _ts(job.last_output_at)):
+        # output is output even when it ends in a partial line (counted once its end comes)
+        if size and (job.last_output_at is None or observed > _ts(job.last_output_at)):
             job.last_output_at = _dt(observed)
         live = dict((job.meta or {}).get("live") or {})
         primary = run.primary_progress()
-        if run.sources.get(source) is not None and lines:
+        if run.sources.get(source) is not None and size:
             live["last_line"] = self._last_line(run, source)
         if primary is not None:
             step = primary.progress.last_step

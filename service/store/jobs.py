@@ -249,8 +249,9 @@ def save_diagnosis(session: Session, job: Job, diagnosis: dict[str, Any], *, fin
     job.status = diagnosis["status"]
     root = diagnosis.get("root_cause")
     job.reason = root["reason"] if root else None
-    comp = diagnosis.get("compression") or {}
-    job.lines_received = max(job.lines_received, int(comp.get("lines_in") or 0))
+    if not job.live:  # an upload's lines are the pipeline's; a live job counts what its appends complete
+        comp = diagnosis.get("compression") or {}
+        job.lines_received = max(job.lines_received, int(comp.get("lines_in") or 0))
     if finished and job.finished_at is None:
         job.finished_at = utcnow()
 

@@ -105,6 +105,18 @@ def test_a_resent_chunk_is_acknowledged_again_and_counted_once(server: str) -> N
     assert [(s["source"], s["lines"], s["bytes"], s["chunks"]) for s in sources] == [("rank7.log", 100, len(chunk), 1)]
 
 
+def test_a_line_sent_in_two_parts_is_one_line_received(server: str) -> None:
+    """A chunk may end inside a line (the sidecar gave up waiting for its end): the partial
+    line is diagnosed at once, and counted once, when the chunk that ends it comes."""
+    job = Job(server)
+    first = b"step 1 loss 2.5\nstep 2 lo"
+    assert job.send("rank7.log", first, offset=0).json()["lines"] == 1
+    assert job.send("rank7.log", b"ss 2.4\n", offset=len(first)).json()["lines"] == 1
+    assert job.get()["lines_received"] == 2
+    sources = httpx.get(f"{server}/jobs/{job.id}/sources").json()["data"]
+    assert [(s["lines"], s["bytes"]) for s in sources] == [(2, len(first) + 7)]
+
+
 @pytest.mark.parametrize(("offset", "body", "reason"), [
     (1000, b"a line after a hole\n", "gap"),
     (10, b"a line that starts inside the first chunk\n", "overlap"),
