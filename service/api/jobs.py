@@ -89,6 +89,8 @@ async def append_logs(
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="byte offset in the file where the chunk starts")],
     end: Annotated[int | None, Query(ge=0, le=MAX_OFFSET, description="byte offset where it ends (default offset + body)")] = None,
     file: Annotated[str, Query(max_length=128, description="which physical file (fingerprint)")] = "",
+    cut: Annotated[bool, Query(description="the range ends with the rest of an over-long line that was skipped, "
+                                           "not sent: only then may `end` lie past offset + body")] = False,
 ) -> dict[str, Any]:
     """Append a chunk of one file's lines to a live job; idempotent by source, file and offset."""
     settings = ctx.settings
@@ -96,6 +98,11 @@ async def append_logs(
     end = offset + len(body) if end is None else end
     if end < offset:
         raise BadInput(f"end ({end}) is before offset ({offset})")
+    if end > offset + len(body) and not cut:
+        # bytes claimed but not sent would count as received: only a skipped line's rest may
+        # (a range shorter than its body is a partial last line the sender ended with a newline)
+        raise BadInput(f"end ({end}) lies past offset + the body's {len(body)} bytes ({offset + len(body)}); "
+                       "a range with bytes not sent needs cut=1 (the rest of an over-long line that was skipped)")
     if end == offset:
         raise BadInput("empty chunk: the body holds no bytes and covers none of the file")
     chunk = ChunkRef(source=source, file_id=file, offset=offset, end=end, checksum=checksum(body))

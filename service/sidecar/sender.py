@@ -348,6 +348,8 @@ class Sender(threading.Thread):
 
     def _post(self, job_id: str, batch: Batch) -> str:
         params = {"source": batch.source, "file": batch.file_id, "offset": batch.offset, "end": batch.end}
+        if batch.end > batch.offset + len(batch.body):
+            params["cut"] = 1  # the range holds the rest of an over-long line, skipped, not sent
         headers = {"Content-Type": "text/plain; charset=utf-8",
                    READ_AGE_HEADER: f"{max(0.0, time.time() - batch.read_at):.3f}"}
         body = batch.body

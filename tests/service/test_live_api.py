@@ -117,6 +117,20 @@ def test_a_line_sent_in_two_parts_is_one_line_received(server: str) -> None:
     assert [(s["lines"], s["bytes"]) for s in sources] == [(2, len(first) + 7)]
 
 
+def test_a_range_longer_than_its_body_must_say_it_skipped_a_line(server: str) -> None:
+    """`end` past offset + body would count bytes never sent as received: refused unless the
+    client says the range ends with the skipped rest of an over-long line (cut=1)."""
+    job = Job(server)
+    body = b"step 1 loss 2.5\n"
+    refused = httpx.post(f"{server}/jobs/{job.id}/logs", params={"source": "r0.log", "offset": 0, "end": 1000},
+                         content=body, timeout=60)
+    assert refused.status_code == 400 and "cut=1" in refused.json()["error"]
+    assert job.get()["bytes_received"] == 0
+    cut = httpx.post(f"{server}/jobs/{job.id}/logs", params={"source": "r0.log", "offset": 0, "end": 1000, "cut": 1},
+                     content=body, timeout=60)
+    assert cut.status_code == 200 and cut.json()["next_offset"] == 1000
+
+
 @pytest.mark.parametrize(("offset", "body", "reason"), [
     (1000, b"a line after a hole\n", "gap"),
     (10, b"a line that starts inside the first chunk\n", "overlap"),

@@ -325,3 +325,22 @@ def test_a_sender_that_fell_behind_joins_the_batches_of_a_file(tmp_path: Path) -
             assert sender.coalesce() is parts[0] and list(shared.queue) == parts
     sender.client.close()
     checkpoint.close()
+
+
+def test_an_over_long_line_keeps_its_head_and_the_file_arrives_whole(server: str, tmp_path: Path) -> None:
+    """The rest of a line past --max-line-bytes is skipped, not sent: the sidecar says so
+    (cut=1), the server takes the range, and the next lines follow at the right offset."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "rank0.log"
+    long_line = b"tokens: " + b"x" * 50_000 + b"\n"
+    log.write_bytes(text([iteration(s, 2.3) for s in range(1, 11)]) + long_line
+                    + text([iteration(s, 2.3) for s in range(11, 21)] + [ECC]))
+    node = tail(server, "gpt-long-line", "--once", "--exit-code", "1", "--max-line-bytes", "1024",
+                str(logs / "rank*.log"), env=env_for(tmp_path / "node"))
+    _, err = node.communicate(timeout=90)
+    assert node.returncode == 1, err.decode()
+    job = job_named(server, "gpt-long-line")
+    assert job["lines_received"] == 22 and job["diagnosis"]["root_cause"]["line"] == ECC
+    (source,) = httpx.get(f"{server}/jobs/{job['id']}/sources", timeout=10).json()["data"]
+    assert source["next_offset"] == log.stat().st_size  # every byte of the file accounted for
