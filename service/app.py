@@ -10,11 +10,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from service.access import ApiTokens
 from service.admin.auth import AdminTokens
@@ -183,6 +184,14 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
         return _error(422, "; ".join(problems) or "invalid request")
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, _exc: ClientDisconnect) -> Response:
+        # the client went away before its body ended: nothing was acknowledged or stored (the
+        # job's transaction never began), and no one is left to read an answer
+        logging.getLogger("faultline.requests").info(
+            "request abandoned by its client before its body ended: %s %s", request.method, request.url.path)
+        return Response(status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -228,3 +228,39 @@ def test_a_nul_character_in_a_query_or_a_body_is_the_callers_error(service) -> N
         assert r.status_code in (200, 201, 422), r.text[:300]
         if r.status_code == 422:
             assert "cannot be stored" in r.json()["error"] and "SELECT" not in r.json()["error"]
+
+
+def test_a_client_gone_before_its_body_ends_stores_nothing_and_leaves_no_traceback(service) -> None:
+    import logging
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    class Lines(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.records: list[logging.LogRecord] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.records.append(record)
+
+    seen = Lines()
+    watched = [logging.getLogger(name) for name in ("uvicorn.error", "faultline.requests")]
+    for logger in watched:
+        logger.addHandler(seen)
+    try:
+        address = urlsplit(service["url"])
+        body = b"step 1 loss 2.0\n" * 1000
+        with socket.create_connection((address.hostname, address.port)) as sock:
+            sock.sendall(b"POST /diagnose?job_name=gone-mid-body HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                         b"Content-Length: %d\r\n\r\n" % (10 * len(body)) + body)
+            time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while not any("abandoned" in r.getMessage() for r in seen.records) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        for logger in watched:
+            logger.removeHandler(seen)
+    assert [r.getMessage() for r in seen.records if r.levelno >= logging.ERROR] == []
+    assert any("abandoned by its client" in r.getMessage() for r in seen.records)
+    assert httpx.get(f"{service['url']}/jobs", params={"name": "gone-mid-body"}).json()["count"] == 0
