@@ -8,7 +8,8 @@ belongs to shows in the response time.
 The web page signs in with the same token once; the cookie then holds the owner's label,
 an expiry and a random nonce, signed with HMAC under a key derived from that owner's token:
 every worker process can check it without shared state, and changing or removing a token
-ends its sessions. Each form carries a CSRF token, an HMAC of the session nonce; the cookie
+ends its sessions. Signing out ends one: the audit log records it and every worker looks
+there before taking a cookie. Each form carries a CSRF token, an HMAC of the session nonce; the cookie
 is also `SameSite=Strict` and `HttpOnly`.
 """
 
@@ -41,6 +42,12 @@ class WebSession:
     label: str
     nonce: str
     expires: int
+
+    @property
+    def ref(self) -> str:
+        """What the audit log keeps of a session that was signed out (a digest: the nonce
+        itself stays in the cookie), so every worker refuses its cookie from then on."""
+        return "session:" + hashlib.sha256(self.nonce.encode()).hexdigest()[:32]
 
 
 def _b64(data: bytes) -> str:

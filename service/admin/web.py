@@ -97,7 +97,12 @@ def _tokens(request: Request) -> AdminTokens:
 
 
 def _session(request: Request) -> WebSession | None:
-    return _tokens(request).read_session(request.cookies.get(SESSION_COOKIE))
+    """The signed-in session of the request's cookie: signed, unexpired, and not signed out."""
+    session = _tokens(request).read_session(request.cookies.get(SESSION_COOKIE))
+    if session is None:
+        return None
+    with request.app.state.ctx.db.session() as db:
+        return None if store.session_ended(db, session.ref) else session
 
 
 def _page(request: Request, name: str, context: dict[str, Any], *, status: int = 200,
@@ -189,9 +194,11 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    _, _, refused = await _form(request)
+    session, _, refused = await _form(request)
     if refused is not None:
         return refused
+    with request.app.state.ctx.db.session() as db:  # the cookie is refused from now on, a copy of it too
+        store.audit(db, session.label, store.SIGN_OUT, session.ref)
     response = _to_login()
     response.delete_cookie(SESSION_COOKIE, path="/admin")
     return response

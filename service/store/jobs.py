@@ -147,6 +147,15 @@ def audit_entries(session: Session, *, target: str | None = None, actor: str | N
     return list(rows), total
 
 
+SIGN_OUT = "admin.sign_out"
+
+
+def session_ended(session: Session, ref: str) -> bool:
+    """Whether an admin web session was signed out (its ref in the audit log)."""
+    return session.scalar(select(AuditEntry.id).where(AuditEntry.action == SIGN_OUT, AuditEntry.target == ref)
+                          .limit(1)) is not None
+
+
 def audit_to_dict(entry: AuditEntry) -> dict[str, Any]:
     return {"id": entry.id, "at": entry.at.isoformat() if entry.at else None, "actor": entry.actor,
             "action": entry.action, "target": entry.target, "details": entry.details or {}}

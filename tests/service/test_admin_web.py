@@ -162,9 +162,13 @@ def test_job_page_shows_the_diagnosis_kept_lines_and_loss_curve(browser) -> None
 
 def test_sign_out_ends_the_session(browser) -> None:
     page = browser.get("/admin").text
+    kept = dict(browser.cookies)  # a copy of the cookie, as someone who saw it would keep it
     r = browser.post("/admin/logout", data={"csrf": csrf_of(page)})
     assert r.status_code == 303 and r.headers["location"] == "/admin/login"
     assert browser.get("/admin").status_code == 303
+    # the server ended the session itself: the kept cookie no longer signs anyone in
+    replay = httpx.get(str(browser.base_url.join("/admin")), cookies=kept, follow_redirects=False)
+    assert replay.status_code == 303 and replay.headers["location"] == "/admin/login"
 
 
 def test_the_page_says_only_its_own_words_after_an_action(browser) -> None:
