@@ -66,7 +66,7 @@ async def read_chunk(request: Request, *, max_bytes: int, max_ratio: int, what: 
     ingest decoder: refused past max_bytes (413), or when it looks binary (400)."""
     check_content_length(request.headers.get("content-length"), max_bytes, what)
     gzip = gzip_encoded(request.headers.get("content-encoding"))
-    decoder = LineDecoder(name=what, gzip=gzip, max_output=max_bytes, max_ratio=max_ratio)
+    decoder = LineDecoder(name=what, gzip=gzip, max_output=max_bytes, max_ratio=max_ratio, transcode=False)
     parts = [piece async for data in request.stream() for piece in decoder.decode(data)]
     decoder.finish()
     return b"".join(parts)

@@ -8,6 +8,7 @@ returns (tqdm bars, CRLF files) become line ends.
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import ctypes.util
 import re
@@ -26,6 +27,7 @@ BINARY_SAMPLE = 8192
 BINARY_CONTROL_SHARE = 0.05
 BINARY_INVALID_SHARE = 0.3
 _GZIP_MAGIC = b"\x1f\x8b"
+_UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 
 
 @dataclass
@@ -182,8 +184,15 @@ class LineDecoder:
 
     def __init__(self, *, name: str = "input", gzip: bool | None = None, max_bytes: int | None = None,
                  max_output: int | None = None, max_ratio: int = MAX_GZIP_RATIO,
-                 counters: IngestCounters | None = None):
+                 counters: IngestCounters | None = None, transcode: bool = True):
         self.name = name
+        self._transcode = transcode
+        """A text that opens with a UTF-16 byte order mark (PowerShell's `>` and Windows tools
+        write logs so) is read as UTF-8 from then on; off where the bytes themselves are kept
+        (a live append checksums what the file holds)."""
+        self._utf16: codecs.IncrementalDecoder | None = None
+        self._head = b""
+        """The input's first byte, held until the second says whether a BOM opens it."""
         self.counters = counters or IngestCounters()
         self._splitter = LineSplitter(counters=self.counters)
         self._gzip = gzip
@@ -202,6 +211,17 @@ class LineDecoder:
             if self._gzip or (self._gzip is None and chunk.startswith(_GZIP_MAGIC)):
                 self._decoder = GzipDecoder(max_ratio=self._max_ratio, max_output=self._max_output, name=self.name)
         for piece in self._decoder.feed(chunk) if self._decoder else (chunk,):
+            if self._transcode and self.counters.bytes_decoded == 0 and self._utf16 is None:
+                piece, self._head = self._head + piece, b""
+                if len(piece) < 2:  # a byte order mark is two bytes: wait for the second
+                    self._head = piece
+                    continue
+                if piece.startswith(_UTF16_BOMS):
+                    self._utf16 = codecs.getincrementaldecoder("utf-16")("replace")
+            if self._utf16 is not None:
+                piece = self._utf16.decode(piece).encode("utf-8")
+                if not piece:
+                    continue
             if self.counters.bytes_decoded == 0 and looks_binary(piece):
                 raise BadInput(f"{self.name}: input looks binary (NUL or control bytes), not a text log")
             self.counters.bytes_decoded += len(piece)
@@ -221,7 +241,12 @@ class LineDecoder:
         """The last line (when the input did not end with a newline); checks the gzip end."""
         if self._decoder:
             self._decoder.close()
-        return self._splitter.finish()
+        held = b""
+        if self._head:  # a one-byte input
+            head, self._head = self._head, b""
+            self.counters.bytes_decoded += len(head)
+            held = self._splitter.feed(head)
+        return held + self._splitter.finish()
 
 
 def iter_line_buffers(chunks: Iterable[bytes], *, name: str = "input", gzip: bool | None = None,

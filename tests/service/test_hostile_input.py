@@ -264,3 +264,9 @@ def test_a_client_gone_before_its_body_ends_stores_nothing_and_leaves_no_traceba
     assert [r.getMessage() for r in seen.records if r.levelno >= logging.ERROR] == []
     assert any("abandoned by its client" in r.getMessage() for r in seen.records)
     assert httpx.get(f"{service['url']}/jobs", params={"name": "gone-mid-body"}).json()["count"] == 0
+
+
+def test_an_upload_in_utf16_is_diagnosed_like_its_utf8_text(service) -> None:
+    r = post(service["url"], content=LOG.encode("utf-16"))
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["root_cause"]["line"] == ROOT_LINE

@@ -79,6 +79,18 @@ def test_an_upload_limit_counts_what_a_gzip_body_holds() -> None:
                                max_ratio=200))
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+@pytest.mark.parametrize("size", [1, 7, 4096])
+def test_a_utf16_log_with_its_byte_order_mark_is_read_as_text(encoding: str, size: int) -> None:
+    """PowerShell's `>` and Windows tools write UTF-16 with a BOM: not binary, the same lines."""
+    text = "step 1 loss 2.5\nRuntimeError: CUDA error: uncorrectable ECC error encountered — GPU 3\n"
+    data = text.encode(encoding)
+    if encoding == "utf-16-be":
+        data = b"\xfe\xff" + data
+    assert b"".join(iter_line_buffers(chunks(data, size))) == text.encode("utf-8")
+    assert b"".join(iter_line_buffers([gzip.compress(data)])) == text.encode("utf-8")
+
+
 def test_truncated_and_invalid_gzip_are_clear_errors() -> None:
     packed = gzip.compress(b"hello\n" * 1000)
     with pytest.raises(BadInput, match="truncated gzip"):
