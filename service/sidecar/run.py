@@ -157,6 +157,10 @@ class Sidecar:
             self.checkpoint.close()
             with self.shared.cond:
                 log.info("%s", self.shared.delivery.summary(self.shared.sent_lines, self.shared.sent_batches))
+            if self.tailer.truncated_unread:
+                log.warning("%d file truncation(s) without a rotated copy to read from (copytruncate with another "
+                            "naming than x.log.1 or x.log-<date>?): lines written just before each may be lost",
+                            self.tailer.truncated_unread)
         return exit_code
 
     def _install_signals(self) -> None:

@@ -166,6 +166,9 @@ class Tailer:
         self.done: dict[tuple[int, int], str | None] = {}
         """Files let go, by (dev, inode), with their fingerprint: a rotated file the globs
         still match is not read a second time."""
+        self.truncated_unread = 0
+        """Truncations with no rotated copy to read the old content's rest from: lines written
+        just before each may be lost (the delivery summary says how many)."""
         self._scanned = False
 
     # -- finding files ---------------------------------------------------------------------------
@@ -288,7 +291,10 @@ class Tailer:
             self._new_generation(tracked)
 
     def _new_generation(self, tracked: Tracked) -> None:
-        """Truncated: what was read is sent, the rest of the old content is gone; start over."""
+        """Truncated: what was read is sent, then what the old content held past it if a
+        rotated copy of it is found (logrotate's copytruncate: the lines written between
+        the last read and the truncation are only in the copy); start over."""
+        self._drain_copy(tracked)
         self._close_batch(tracked)
         if tracked.file_id is not None:
             self.closed.append((tracked.file_id, tracked.batch_start, False))
@@ -297,6 +303,46 @@ class Tailer:
         tracked.pending.clear()
         tracked.skipping = False
         tracked.fingerprint = fingerprint(tracked.fd)
+
+    def _drain_copy(self, tracked: Tracked) -> None:
+        """The old content's unread rest, from its rotated copy (`x.log.1`, or `x.log-<date>`
+        with dateext): the copy whose first line is the file's first line and that runs past
+        what was read. None found: bytes written just before the truncation may be lost, and
+        the tailer counts it (`truncated_unread`)."""
+        best = None
+        for candidate in (tracked.path + ".1", *glob.glob(glob.escape(tracked.path) + "-*")):
+            try:
+                fd = os.open(candidate, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if st.st_size > tracked.read_pos and fingerprint(fd) == tracked.fingerprint and (
+                        best is None or st.st_mtime > best[1].st_mtime):
+                    if best is not None:
+                        os.close(best[0])
+                    best, fd = (fd, st), -1
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        if best is None:
+            self.truncated_unread += 1
+            return
+        fd, st = best
+        try:
+            now = self.monotonic()
+            while tracked.read_pos < st.st_size:
+                data = os.pread(fd, min(self.config.max_read_bytes, st.st_size - tracked.read_pos), tracked.read_pos)
+                if not data:
+                    break
+                tracked.read_pos += len(data)
+                self._split(tracked, data, now)
+            if tracked.pending:  # the old content's last line, left without its end
+                tracked.pending.append(0x0A)
+                self._add(tracked, bytes(tracked.pending), tracked.read_pos)
+                tracked.pending.clear()
+        finally:
+            os.close(fd)
 
     # -- reading ---------------------------------------------------------------------------------
     def poll(self, budget: int) -> int:

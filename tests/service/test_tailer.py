@@ -132,6 +132,39 @@ def test_truncation_starts_a_new_generation_under_a_new_file_id(tmp_path: Path) 
     assert after[0].file_id.split(".")[1] == before[0].file_id.split(".")[1], "same inode"
 
 
+@pytest.mark.parametrize("copy_name", ["rank0.log.1", "rank0.log-20251125"])
+def test_copytruncate_loses_no_line(tmp_path: Path, copy_name: str) -> None:
+    """logrotate's copytruncate: the lines written after the last read and before the copy
+    are only in the copy; they are read from it, under the old file's id, before the new
+    content (6 of 505 lines were lost without a word)."""
+    log = tmp_path / "rank0.log"
+    log.write_bytes(iteration_lines(1, 100))
+    tailer = make([str(log)])
+    first = drain(tailer)
+    with open(log, "ab") as handle:
+        handle.write(iteration_lines(101, 30) + b"a last line without its end")
+    (tmp_path / copy_name).write_bytes(log.read_bytes())  # copy, then truncate in place
+    os.truncate(log, 0)
+    with open(log, "ab") as handle:
+        handle.write(iteration_lines(131, 20))
+    second = drain(tailer)
+    files = by_file(first + second)
+    text = sorted((b"".join(b.body for b in bs) for bs in files.values()), key=len)
+    assert text == [iteration_lines(131, 20), iteration_lines(1, 130) + b"a last line without its end\n"]
+    assert tailer.truncated_unread == 0
+
+
+def test_a_truncation_without_a_copy_is_counted(tmp_path: Path) -> None:
+    log = tmp_path / "rank0.log"
+    log.write_bytes(iteration_lines(1, 10))
+    tailer = make([str(log)])
+    drain(tailer)
+    os.truncate(log, 0)
+    log.write_bytes(b"restarted\n")
+    drain(tailer)
+    assert tailer.truncated_unread == 1
+
+
 def test_files_with_the_same_first_line_are_different_files(tmp_path: Path) -> None:
     banner = b"*****************************************\n"
     for rank in range(2):
