@@ -142,8 +142,9 @@ class _SourceState:
     last_time: float | None = None
     chain_pending: dict[int | None, int] = field(default_factory=dict)
     last_evidence: dict[int | None, int] = field(default_factory=dict)
-    after_frame: set[int | None] = field(default_factory=set)
-    """Streams whose last line was a traceback frame (`  File "x.py", line 3, in f`)."""
+    after_frame: dict[int | None, int] = field(default_factory=dict)
+    """Streams whose last line read was a traceback frame (`File "x.py", line 3, in f`), with
+    that frame's indentation: its source line follows, indented deeper."""
     box_host: str | None = None
     """The `host :` of the torchrun failure box entry being read."""
 
@@ -212,13 +213,16 @@ class Classifier:
         rank, node = locate(envelope, self.default_nodes.get(line.source))
         stream = rank if rank is not None else envelope.local_rank
         shape = without_stamp(envelope.message)  # a stamp in front hides no frame
+        indent = len(shape) - len(shape.lstrip())
         if _FRAME.match(shape):
-            state.after_frame.add(stream)
+            state.after_frame[stream] = indent
             return None
-        if stream in state.after_frame:
-            state.after_frame.discard(stream)
-            if shape[:1].isspace():
-                return None  # the frame's source line
+        frame_indent = state.after_frame.pop(stream, None)
+        if frame_indent is not None and indent > frame_indent:
+            # the frame's source line (`raise ConfigError(...)`), deeper than its frame; the
+            # exception of a traceback that torchrun's box indents is not (the source line,
+            # not error-like, never came here: the next error line did)
+            return None
         if any(marker in shape for marker in _CHAIN_MARKERS):
             if stream in state.last_evidence:
                 state.chain_pending[stream] = state.last_evidence[stream]

@@ -108,3 +108,22 @@ def test_a_sigkill_after_the_jobs_own_error_leaves_that_error_the_cause(builtin_
            "KeyError: 'optimizer'"]
     d = _run(builtin_rulebook, [STEP.format(step=10), *own, *BOX]).finish()
     assert d.root_cause.reason == "key_error"
+
+
+def test_an_indented_exception_after_a_frame_is_the_error_not_the_frames_source(builtin_rulebook: Rulebook) -> None:
+    """torchrun's failure box indents the worker's traceback (`traceback : Traceback ...`,
+    frames at four spaces, their source lines at six, the exception at two). The frame's
+    source line is skipped as code; the exception after it, indented less, is the error."""
+    lines = [
+        "traceback : Traceback (most recent call last):",
+        '    File "/work/train.py", line 162, in main',
+        "      torch.cuda.set_device(device)",
+        "  RuntimeError: CUDA error: invalid device ordinal",
+    ]
+    root = _run(builtin_rulebook, lines).finish().root_cause
+    assert (root.reason, root.source, root.line) == ("cuda_error", "rule:cuda.invalid-device", lines[3])
+    # a source line that itself reads like the error (deeper than its frame) is still code
+    code = ['  File "/work/train.py", line 9, in main', '    raise RuntimeError("CUDA error: invalid device ordinal")',
+            "ValueError: bad config"]
+    root = _run(builtin_rulebook, ["Traceback (most recent call last):", *code]).finish().root_cause
+    assert root.line == code[2]
