@@ -10,7 +10,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from service.api.schema import ADMIN_ERRORS
+from service.api.schema import (ADMIN_ERRORS, AuditList, ConfirmAnswer, DryRunAnswer, ImportAnswer, Rule, RuleDetail,
+                                RuleList, RuleVersions, answers)
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -81,7 +82,7 @@ def _in_session(ctx, fn, *args, **kwargs) -> Any:
         return fn(session, *args, **kwargs)
 
 
-@router.get("/rules")
+@router.get("/rules", response_model=None, responses=answers(RuleList, "The rules found."))
 def list_rules(ctx: ContextDep, _admin: Admin,
                kind: RuleKind | None = None, status: RuleStatus | None = None,
                scope: Annotated[str | None, Query(max_length=256)] = None,
@@ -99,7 +100,11 @@ def list_rules(ctx: ContextDep, _admin: Admin,
 
 @router.get("/rules/export", response_class=Response, responses={200: {
     "description": "A YAML rule pack (the format `POST /admin/rules/import` and `faultline rules import` read).",
-    "content": {"application/yaml": {"schema": {"type": "string"}}}}})
+    "content": {"application/yaml": {"schema": {
+        "type": "object", "required": ["format", "rules"], "additionalProperties": True,
+        "properties": {"format": {"type": "string", "examples": ["faultline-rules/1"]},
+                       "exported_at": {"type": "string"}, "filter": {"type": "object"},
+                       "rules": {"type": "array", "items": {"type": "object"}}}}}}}})
 def export_rules(ctx: ContextDep, admin: Admin, kind: RuleKind | None = None,
                  status: ExportStatus = ExportStatus.ACTIVE,
                  scope: Annotated[str | None, Query(max_length=256)] = None) -> Response:
@@ -111,7 +116,7 @@ def export_rules(ctx: ContextDep, admin: Admin, kind: RuleKind | None = None,
         "Content-Disposition": 'attachment; filename="faultline-rules.yaml"', "X-Rule-Count": str(count)})
 
 
-@router.post("/rules/import")
+@router.post("/rules/import", response_model=None, responses=answers(ImportAnswer, "What became of each rule."))
 async def import_rules(request: Request, ctx: ContextDep, admin: Admin,
                        status: Literal["pending", "active"] = "pending",
                        on_conflict: Literal["skip", "replace", "fail"] = "skip") -> dict[str, Any]:
@@ -138,13 +143,15 @@ async def import_rules(request: Request, ctx: ContextDep, admin: Admin,
     return result
 
 
-@router.get("/rules/{rule_id}")
+@router.get("/rules/{rule_id}", response_model=None,
+            responses=answers(RuleDetail, "The rule, its versions and audit trail."))
 def get_rule(rule_id: str, ctx: ContextDep, _admin: Admin) -> dict[str, Any]:
     """One rule: evidence lines, proposer, votes, validation results, hits, versions, audit."""
     return _in_session(ctx, lambda s: review.rule_detail(s, review.require_rule(s, rule_id)))
 
 
-@router.get("/rules/{rule_id}/versions")
+@router.get("/rules/{rule_id}/versions", response_model=None,
+            responses=answers(RuleVersions, "Every version, newest first."))
 def rule_versions(rule_id: str, ctx: ContextDep, _admin: Admin) -> dict[str, Any]:
     def run(session):
         review.require_rule(session, rule_id)
@@ -153,7 +160,7 @@ def rule_versions(rule_id: str, ctx: ContextDep, _admin: Admin) -> dict[str, Any
     return _in_session(ctx, run)
 
 
-@router.post("/rules/{rule_id}/approve")
+@router.post("/rules/{rule_id}/approve", response_model=None, responses=answers(Rule, "The rule, now active."))
 def approve_rule(rule_id: str, ctx: ContextDep, admin: Admin, body: ApproveBody | None = None) -> dict[str, Any]:
     """Make a rule active; it applies to the next diagnosis."""
     def run(session):
@@ -165,7 +172,7 @@ def approve_rule(rule_id: str, ctx: ContextDep, admin: Admin, body: ApproveBody 
     return result
 
 
-@router.post("/rules/{rule_id}/reject")
+@router.post("/rules/{rule_id}/reject", response_model=None, responses=answers(Rule, "The rule, now rejected."))
 def reject_rule(rule_id: str, body: RejectBody, ctx: ContextDep, admin: Admin) -> dict[str, Any]:
     """Reject a rule, with a reason (422 without one). The Log Agent does not learn it again."""
     result = _in_session(ctx, lambda s: review.rule_summary(review.reject(s, rule_id, actor=admin,
@@ -174,7 +181,7 @@ def reject_rule(rule_id: str, body: RejectBody, ctx: ContextDep, admin: Admin) -
     return result
 
 
-@router.patch("/rules/{rule_id}")
+@router.patch("/rules/{rule_id}", response_model=None, responses=answers(Rule, "The rule as edited."))
 def edit_rule(rule_id: str, body: EditBody, ctx: ContextDep, admin: Admin) -> dict[str, Any]:
     """Edit a rule; it is validated again (422 with the failed check) and gets a new version."""
     changes = body.model_dump(exclude_none=True)
@@ -183,7 +190,7 @@ def edit_rule(rule_id: str, body: EditBody, ctx: ContextDep, admin: Admin) -> di
     return result
 
 
-@router.post("/rules/{rule_id}/dry-run")
+@router.post("/rules/{rule_id}/dry-run", response_model=None, responses=answers(DryRunAnswer, "What would change."))
 def dry_run(rule_id: str, ctx: ContextDep, admin: Admin, body: DryRunBody | None = None) -> dict[str, Any]:
     """Replay the most recent stored jobs without and with this rule: the jobs it matches,
     the lines it would drop or explain, and how each diagnosis would change."""
@@ -205,7 +212,8 @@ class ConfirmBody(BaseModel):
     note: str = Field(default="", max_length=review.MAX_NOTE_CHARS)
 
 
-@router.post("/jobs/{job_id}/confirm")
+@router.post("/jobs/{job_id}/confirm", response_model=None,
+             responses=answers(ConfirmAnswer, "The incident the job became."))
 def confirm_job(job_id: str, ctx: ContextDep, admin: Admin, body: ConfirmBody | None = None) -> dict[str, Any]:
     """Confirm (or correct) a stored job's diagnosis; it becomes a known incident."""
     from service.store.incidents import confirm_job as confirm
@@ -219,7 +227,7 @@ def confirm_job(job_id: str, ctx: ContextDep, admin: Admin, body: ConfirmBody | 
                                            "confirmed_by": item.confirmed_by}}
 
 
-@router.get("/audit")
+@router.get("/audit", response_model=None, responses=answers(AuditList, "Audit entries, newest first."))
 def audit_log(ctx: ContextDep, _admin: Admin,
               actor: Annotated[str | None, Query(max_length=128)] = None,
               action: Annotated[str | None, Query(max_length=64, description="prefix, e.g. rule.")] = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from service.api.schema import DIAGNOSE_ERRORS
+from service.api.schema import DIAGNOSE_ERRORS, DiagnoseAnswer, answers
 from fastapi import APIRouter, Header, Query, Request
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
@@ -60,7 +60,8 @@ _BODY = {"requestBody": {"required": True, "content": {
 }}}
 
 
-@router.post("/diagnose", openapi_extra=_BODY, dependencies=[INGEST])
+@router.post("/diagnose", openapi_extra=_BODY, dependencies=[INGEST],
+             response_model=None, responses=answers(DiagnoseAnswer, "The diagnosis, stored under `job_id`."))
 async def diagnose(
     request: Request, ctx: ContextDep,
     job_name: Annotated[str, Query(max_length=512, description="job name; finds its family's learned rules")] = "",

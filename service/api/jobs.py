@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from service.api.schema import JOB_ERRORS
+from service.api.schema import JOB_ERRORS, AppendAnswer, JobAnswer, JobList, SourceList, answers
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -50,7 +50,9 @@ class JobFinish(BaseModel):
     exit_code: int | None = Field(default=None, ge=-255, le=65535, description="the command's exit status")
 
 
-@router.post("/jobs", status_code=201, dependencies=[INGEST])
+@router.post("/jobs", status_code=201, dependencies=[INGEST],
+             response_model=None, responses={**answers(JobAnswer, "The new live job.", 201),
+                                             **answers(JobAnswer, "The open job of that external_id, joined.")})
 def create_job(body: JobCreate, live: LiveDep, response: Response) -> dict[str, Any]:
     """Create a live job; with `external_id`, the open job of that id (200) if there is one."""
     tags = tuple(t.strip() for tag in body.tags for t in tag.split(",") if t.strip())
@@ -82,7 +84,8 @@ def _read_age(request: Request) -> float:
         raise BadInput(f"{READ_AGE_HEADER} must be a number of seconds, got {raw[:32]!r}") from None
 
 
-@router.post("/jobs/{job_id}/logs", dependencies=[INGEST])
+@router.post("/jobs/{job_id}/logs", dependencies=[INGEST], response_model=None,
+             responses=answers(AppendAnswer, "The chunk is counted."))
 async def append_logs(
     job_id: str, request: Request, ctx: ContextDep, live: LiveDep,
     source: Annotated[str, Query(min_length=1, max_length=512, description="the file's name in diagnoses")],
@@ -109,20 +112,22 @@ async def append_logs(
     return await run_in_threadpool(live.append, job_id, chunk, body, read_age_s=_read_age(request))
 
 
-@router.post("/jobs/{job_id}/finish", dependencies=[INGEST])
+@router.post("/jobs/{job_id}/finish", dependencies=[INGEST],
+             response_model=None, responses=answers(JobAnswer, "The job with its final diagnosis."))
 def finish_job(job_id: str, live: LiveDep, body: JobFinish | None = None) -> dict[str, Any]:
     """The job ended: the final diagnosis, with its exit status."""
     return job_view(live.finish(job_id, body.exit_code if body else None))
 
 
-@router.get("/jobs/{job_id}/sources", dependencies=[SOURCES])
+@router.get("/jobs/{job_id}/sources", dependencies=[SOURCES],
+            response_model=None, responses=answers(SourceList, "Each file as received."))
 def job_sources(job_id: str, live: LiveDep) -> dict[str, Any]:
     """The files of a live job as received: offsets, lines, bytes and a CRC-32 of each."""
     data = live.sources(job_id)
     return {"data": data, "count": len(data)}
 
 
-@router.get("/jobs/{job_id}", dependencies=[READ])
+@router.get("/jobs/{job_id}", dependencies=[READ], response_model=None, responses=answers(JobAnswer, "The job."))
 def get_job(job_id: str, ctx: ContextDep, live: LiveDep) -> dict[str, Any]:
     """A job with its latest diagnosis (a live job silent too long is marked stalled first)."""
     live.check_stall(job_id)
@@ -133,7 +138,8 @@ def get_job(job_id: str, ctx: ContextDep, live: LiveDep) -> dict[str, Any]:
         return job_view(job)
 
 
-@router.get("/jobs", dependencies=[READ])
+@router.get("/jobs", dependencies=[READ], response_model=None,
+            responses=answers(JobList, "The jobs found, newest first."))
 def list_jobs(ctx: ContextDep,
               name: Annotated[str | None, Query(max_length=512)] = None,
               status: Annotated[str | None, Query(max_length=16)] = None,

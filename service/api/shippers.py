@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from service.api.jobs import read_chunk
-from service.api.schema import JOB_ERRORS
+from service.api.schema import JOB_ERRORS, RecordsAnswer, answers
 from service.deps import INGEST, ContextDep, LiveDep
 from service.ingest import records
 from service.live import shipped
@@ -28,7 +28,8 @@ _BODY = {"requestBody": {"required": True, "content": {
 }}}
 
 
-@router.post("/ingest/records", openapi_extra=_BODY, dependencies=[INGEST])
+@router.post("/ingest/records", openapi_extra=_BODY, dependencies=[INGEST],
+             response_model=None, responses=answers(RecordsAnswer, "The records are counted, each file's lines once."))
 async def ingest_records(
     request: Request, ctx: ContextDep, live: LiveDep,
     job_key: Annotated[str, Query(min_length=1, max_length=256, description=(

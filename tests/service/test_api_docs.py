@@ -36,6 +36,18 @@ def test_every_operation_says_what_it_answers(spec: dict) -> None:
         assert ok, (method, path)
         schemas = [m.get("schema") for r in ok.values() for m in r.get("content", {}).values()]
         assert any(schemas), f"{method} {path} has no response schema"
+        json_schemas = [m["schema"] for r in ok.values() for t, m in r.get("content", {}).items() if "json" in t]
+        # a named model with its fields, not "any object" (the YAML export is a string)
+        assert all("$ref" in s for s in json_schemas), f"{method} {path} answers an unnamed object"
+
+
+def test_the_diagnosis_schema_is_the_contracts(spec: dict) -> None:
+    schemas = spec["components"]["schemas"]
+    diagnosis = schemas["Diagnosis"]
+    assert {"status", "root_cause"} <= set(diagnosis["required"]) and diagnosis.get("examples")
+    assert set(schemas["RootCause"]["properties"]) >= {"reason", "category", "origin", "line", "line_number", "file",
+                                                       "rank", "node", "confidence", "source"}
+    assert {"id", "name", "status", "lines_received", "diagnosis"} <= set(schemas["JobAnswer"]["properties"])
 
 
 def test_errors_are_documented_with_the_error_body(spec: dict) -> None:
