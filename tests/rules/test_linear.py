@@ -131,3 +131,26 @@ def test_search_groups_reads_the_same_groups_as_the_binding(text: str) -> None:
     for regexp in (LOSS_LINE, GRAD_NORM):
         found = regexp.search(text)
         assert search_groups(regexp, text) == (None if found is None else found.groups(None))
+
+
+_PIECES = st.sampled_from([
+    "a", "b", ".", r"\w", r"\d", r"\s", "[ab]", "(a|aa)", "(a|a)", "(a*)", "(a+)", "(?:a|ab)", "(.*a)", "(a?)",
+    r"(\w|a)", "(a)", r"\1", "(?=a)", "(?!b)", "(?<=a)", "(?>a)", "a++", "(?(1)a|b)", "(?P<n>a)", "(?P=n)",
+])
+_QUANTIFIERS = st.sampled_from(["", "*", "+", "?", "{2,5}", "{12}", "*?", "+?"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_PIECES, _QUANTIFIERS), min_size=1, max_size=6))
+def test_any_pattern_is_refused_or_runs_in_re2(parts: list[tuple[str, str]]) -> None:
+    """Whatever a pattern is made of (the shapes that make backtracking engines explode, and
+    the features only they have): it is refused, or it runs in RE2 alone (linear in the
+    line), every reader of it, on lines built to be adversarial."""
+    pattern = "tickle " + "".join(piece + quantifier for piece, quantifier in parts)
+    try:
+        program = DiagnosisProgram([rule(pattern)])
+    except DiagnosisCompileError:
+        return  # refused: named by feature, or RE2 cannot parse it
+    assert all(isinstance(reader.__self__, re2._Regexp) for reader in program._readers)
+    for line in ("tickle " + "a" * 3000 + "!", "tickle " + "ab" * 1500, "tickle " + "a" * 3000):
+        program.match(line)
