@@ -74,26 +74,28 @@ class OpenAIBackend:
     def complete(self, messages: Sequence[Message], *, temperature: float = 0.0, max_tokens: int = 512) -> str:
         import openai  # imported here: 0.8 s that commands without an LLM should not pay
 
+        from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
         payload = [{"role": m.role, "content": m.content} for m in messages]
-        last_error = ""
-        for attempt in range(self.max_retries + 1):
-            try:
-                response = self.client.chat.completions.create(
-                    model=self.model, messages=payload, temperature=temperature, max_tokens=max_tokens)
-            except (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
-                    openai.InternalServerError) as exc:
-                last_error = type(exc).__name__
-                if attempt < self.max_retries:
-                    time.sleep(self.backoff_s * 2 ** attempt)
-                continue
-            except openai.APIStatusError as exc:  # 4xx other than 429: retrying will not help
-                raise LLMUnavailable(f"{self.name}: HTTP {exc.status_code}") from None
-            self._count(response)
-            content = response.choices[0].message.content if response.choices else None
-            if not content:
-                raise ModelBehaviorError(f"{self.name}: empty reply")
-            return content
-        raise LLMUnavailable(f"{self.name}: no answer after {self.max_retries + 1} attempts ({last_error})")
+        # a lost connection, a timeout, 429 and 5xx may pass: retried with exponential backoff;
+        # any other 4xx will not, and is not retried
+        passing = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError, openai.InternalServerError)
+        retrying = Retrying(retry=retry_if_exception_type(passing), stop=stop_after_attempt(self.max_retries + 1),
+                            wait=wait_exponential(multiplier=self.backoff_s, min=self.backoff_s), sleep=time.sleep)
+        try:
+            response = retrying(self.client.chat.completions.create, model=self.model, messages=payload,
+                                temperature=temperature, max_tokens=max_tokens)
+        except RetryError as exc:
+            last = exc.last_attempt.exception()
+            raise LLMUnavailable(f"{self.name}: no answer after {self.max_retries + 1} attempts "
+                                 f"({type(last).__name__})") from None
+        except openai.APIStatusError as exc:  # 4xx other than 429: retrying will not help
+            raise LLMUnavailable(f"{self.name}: HTTP {exc.status_code}") from None
+        self._count(response)
+        content = response.choices[0].message.content if response.choices else None
+        if not content:
+            raise ModelBehaviorError(f"{self.name}: empty reply")
+        return content
 
     def _count(self, response: object) -> None:
         self.calls += 1
