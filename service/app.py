@@ -187,10 +187,11 @@ def create_app(settings: Settings | None = None, *, embedder: object | None = No
 
     @app.exception_handler(ClientDisconnect)
     async def _client_gone(request: Request, _exc: ClientDisconnect) -> Response:
-        # the client went away before its body ended: nothing was acknowledged or stored (the
-        # job's transaction never began), and no one is left to read an answer
+        # the client went away before its body ended or before the answer: nothing was
+        # acknowledged or stored (the job's transaction never began), and no one is left to
+        # read an answer
         logging.getLogger("faultline.requests").info(
-            "request abandoned by its client before its body ended: %s %s", request.method, request.url.path)
+            "request abandoned by its client, nothing stored: %s %s", request.method, request.url.path)
         return Response(status_code=400)
 
     @app.exception_handler(StarletteHTTPException)

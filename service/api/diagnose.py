@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from service.api.schema import DIAGNOSE_ERRORS, DiagnoseAnswer, answers
 from fastapi import APIRouter, Header, Query, Request
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from rules.attempts import apply_budget
+from service.api.schema import DIAGNOSE_ERRORS, DiagnoseAnswer, answers
 from service.store import jobs as store
 from service.deps import INGEST, ContextDep
 from service.errors import BadInput, UnsupportedMediaType
@@ -87,7 +88,17 @@ async def diagnose(
         cpu = request.app.state.cpu_slots
         await read_log_body(request, run, max_bytes=settings.max_request_bytes, max_ratio=settings.max_gzip_ratio,
                             cpu=cpu)
-        diagnosis = await in_turn(cpu, run.finish)
+        # the body is read: from now on the only message is the client's going away
+        gone = asyncio.create_task(_disconnected(request))
+        try:
+            diagnosis = await in_turn(cpu, run.finish)
+            await asyncio.sleep(0)  # let the loop see a close that came while it diagnosed
+        finally:
+            gone.cancel()
+        if gone.done() and not gone.cancelled() and gone.result():
+            # the client gave up waiting (a timeout on a big upload): no one will read the
+            # answer, and a retry with its Idempotency-Key must not find a job it never got
+            raise ClientDisconnect()
         try:
             job_id, result = await run_in_threadpool(_store, ctx, run, meta, diagnosis, idempotency_key, external_id)
         except IntegrityError:
@@ -97,6 +108,14 @@ async def diagnose(
                 raise
             return stored
     return {"job_id": job_id, **result}
+
+
+async def _disconnected(request: Request) -> bool:
+    """True once the client has closed the connection (after its body, nothing else comes)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return True
 
 
 def _stored_result(ctx, key: str) -> dict[str, Any] | None:

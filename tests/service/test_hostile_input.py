@@ -270,3 +270,20 @@ def test_an_upload_in_utf16_is_diagnosed_like_its_utf8_text(service) -> None:
     r = post(service["url"], content=LOG.encode("utf-16"))
     assert r.status_code == 200, r.text[:300]
     assert r.json()["root_cause"]["line"] == ROOT_LINE
+
+
+def test_a_client_gone_before_the_answer_stores_nothing(service) -> None:
+    """The whole body sent, then the client left (its timeout on a big upload): no one reads
+    the answer, and a retry must not find a job it never got."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    address = urlsplit(service["url"])
+    body = "".join(f"[rank0]: step {i} loss 2.{i % 97:02d} lr 3e-4 tokens/s 311200\n" for i in range(28000)).encode()
+    assert len(body) < LIMIT
+    with socket.create_connection((address.hostname, address.port)) as sock:
+        sock.sendall(b"POST /diagnose?job_name=gone-before-answer HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    time.sleep(2)
+    assert httpx.get(f"{service['url']}/jobs", params={"name": "gone-before-answer"}).json()["count"] == 0
