@@ -127,3 +127,26 @@ def test_an_indented_exception_after_a_frame_is_the_error_not_the_frames_source(
             "ValueError: bad config"]
     root = _run(builtin_rulebook, ["Traceback (most recent call last):", *code]).finish().root_cause
     assert root.line == code[2]
+
+
+ORTE = ["--------------------------------------------------------------------------",
+        "ORTE has lost communication with a remote daemon.",
+        "",
+        "  HNP daemon   : [[64112,0],0] on node gpu-head",
+        "  Remote daemon: [[64112,0],1] on node gpu-017",
+        "",
+        "This is usually due to either a failure of the TCP network",
+        "connection to the node, or possibly an internal failure of",
+        "the daemon itself. We cannot recover from this failure, and",
+        "therefore will terminate the job."]
+
+
+def test_open_mpi_losing_a_node_daemon_is_the_cause_and_its_timing_says_whose(builtin_rulebook: Rulebook) -> None:
+    """mpirun's launcher lost a node's daemon: after training steps, the node or its link
+    went away (restart elsewhere); before any step, the launch cannot reach its nodes."""
+    trained = _run(builtin_rulebook, [STEP.format(step=10), *ORTE]).finish()
+    assert (trained.root_cause.source, trained.root_cause.origin, trained.action) == (
+        "rule:mpi.daemon-lost", "infrastructure", "restart")
+    at_start = _run(builtin_rulebook, ORTE).finish()
+    assert (at_start.root_cause.source, at_start.root_cause.origin, at_start.action) == (
+        "rule:mpi.daemon-lost", "user", "fix_and_resubmit")
