@@ -159,3 +159,40 @@ def test_secrets_never_reach_the_database_the_response_or_the_llm(tmp_path, scri
     contents = "\n".join(m["content"] for body in scripted_llm.requests for m in body["messages"])
     assert all(line.split("] ", 1)[1] in contents for line in masked[:6])
     assert result["root_cause"]["reason"] == "ecc_error"
+
+
+def test_no_secret_of_the_redaction_corpus_reaches_any_surface(tmp_path, scripted_llm, caplog) -> None:
+    """Every secret of the redaction corpus (tests/service/test_redact.py), printed by a job:
+    not in the response, the job's API view, the admin's job page, any stored value, what the
+    LLM was sent, nor the server's own log."""
+    import logging
+
+    from tests.service.test_redact import COMMON_SHAPES
+    from tests.service.test_redact import SECRETS as CORPUS
+
+    corpus = [*CORPUS, *COMMON_SHAPES]
+    lines = [HEAD.format(s=30 + i % 20) + line for i, (line, _) in enumerate(corpus)]
+    for reply in obeying_replies(60):
+        scripted_llm.add(reply)
+    admin = "corpus-admin-token-5e7a2c9d1b"
+    from pydantic import SecretStr
+
+    settings = settings_with_llm(tmp_path, scripted_llm).model_copy(update={"admin_enabled": True,
+                                                                            "admin_token": SecretStr(admin)})
+    with caplog.at_level(logging.INFO), running_server(settings) as url:
+        result = diagnose(url, with_lines(lines, at=30))
+        view = httpx.get(f"{url}/jobs/{result['job_id']}", timeout=60).text
+        with httpx.Client(base_url=url, follow_redirects=False, timeout=60) as browser:
+            assert browser.post("/admin/login", data={"token": admin}).status_code == 303
+            page = browser.get(f"/admin/job/{result['job_id']}").text
+    db = Database(settings.database_url)
+    try:
+        stored = every_stored_value(db)
+    finally:
+        db.close()
+    surfaces = {"response": json.dumps(result), "job view": view, "admin page": page, "database": stored,
+                "llm": json.dumps(scripted_llm.requests), "server log": caplog.text}
+    assert scripted_llm.requests and "helix" in page, "nothing was asked or shown: the test would prove nothing"
+    assert MASK in stored and MASK in json.dumps(scripted_llm.requests), "the lines were kept and sent, masked"
+    leaked = [(name, secret) for _, secret in corpus for name, text in surfaces.items() if secret in text]
+    assert leaked == []

@@ -80,7 +80,7 @@ def test_a_private_key_in_a_live_jobs_tail_stays_masked_across_lines_and_appends
     assert not [part for part in body if part.encode() in blob]
 
 
-@pytest.mark.parametrize(("line", "secret"), [
+COMMON_SHAPES = [
     ("notify: https://hooks.slack.com/services/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", "q8Wc9ZxYv7Rt6Ps5Lm4Nk3Jh"),
     ("DATABASE_URL=postgresql://trainer:p/ss@w0rd!x@db.internal:5432/runs", "p/ss@w0rd!x"),
     ('config: password = "correct horse battery"', "correct horse battery"),
@@ -91,7 +91,12 @@ def test_a_private_key_in_a_live_jobs_tail_stays_masked_across_lines_and_appends
     ("GET https://acct.blob.core.windows.net/ckpt/a.pt?sv=2022-11-02&sp=r&sig=k3Jx%2Bq9Lz8%3D&se=2025", "k3Jx%2Bq9Lz8%3D"),
     ("> Cookie: sessionid=7f3a9c2e1b0d4f6a; csrftoken=a1b2c3", "7f3a9c2e1b0d4f6a"),
     ("+ sshpass -p Hunter2Secret ssh node-3 hostname", "Hunter2Secret"),
-])
+]
+"""Shapes a hand list once missed (issue: 11 of 15 leaked); with SECRETS, the corpus that
+tests/service/test_hostile_llm.py sends through every surface of a real server."""
+
+
+@pytest.mark.parametrize(("line", "secret"), COMMON_SHAPES)
 def test_common_secret_shapes_are_masked(line: str, secret: str) -> None:
     out = redact_text(line)
     assert secret not in out and MASK in out
