@@ -122,14 +122,24 @@ def _parser() -> argparse.ArgumentParser:
                    help="store nothing: filter rules learned stay in this run (the store is only read)")
 
     p = sub.add_parser("eval", help="score diagnose on a folder of labelled logs, beside naive baselines",
-                       description="Diagnose every log listed in DIR/labels.jsonl (file, reason, category, origin, "
-                                   "root_cause_line) on a fresh temporary store and score the answers beside two "
-                                   "naive baselines: the first error line and the last exception line.")
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Diagnose every log listed in DIR/labels.jsonl (file, reason, category, origin,\n"
+                                   "root_cause_line) on a fresh temporary store and score the answers beside two\n"
+                                   "naive baselines: the first error line and the last exception line.",
+                       epilog="examples:\n"
+                              "  faultline eval fixtures/real --split test\n"
+                              "  faultline eval my-incidents/ --json | jq .figures.ours")
     p.add_argument("folder", metavar="DIR", help="a folder with labels.jsonl and the logs it names")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.add_argument("--split", default=None, metavar="S", help="only the logs of this split (dev or test)")
 
-    p = sub.add_parser("db", help="the database schema (migrations)")
+    p = sub.add_parser("db", help="the database schema (migrations)", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="The store's schema, kept by migrations: `serve` and the other commands bring it\n"
+                                   "to the newest revision at start, under a lock (unless FAULTLINE_DB_AUTO_UPGRADE\n"
+                                   "is false); `upgrade` does it as a step of its own, `current` prints the revision.",
+                       epilog="examples:\n"
+                              "  faultline db current\n"
+                              "  FAULTLINE_DATABASE_URL=postgresql://user:pw@host/db faultline db upgrade")
     p.add_argument("action", choices=["upgrade", "current"],
                    help="upgrade: bring the schema to the newest revision; current: print its revision")
     _tail_parser(sub)
@@ -160,16 +170,23 @@ def _seconds(text: str) -> float:
 
 def _tail_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tail", help="the sidecar: follow a job's log files and send them to the service",
-                       description="Follow log files (globs allowed) and send their lines to a Faultline "
-                                   "server until stopped; with `-- COMMAND...`, run the command, tee its output, "
-                                   "and report its exit status when it ends.")
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Follow log files (globs allowed) and send their lines to a Faultline server\n"
+                                   "until stopped; with `-- COMMAND...`, run the command, tee its output, and\n"
+                                   "report its exit status when it ends.",
+                       epilog="examples:\n"
+                              "  faultline tail --server http://faultline:8080 --job-name gpt-7b 'logs/rank*.log'\n"
+                              "  faultline tail --server http://faultline:8080 --job-name gpt-7b --tee train.log "
+                              "-- torchrun ...\n"
+                              "  faultline tail --once --exit-code 137 --job-key $SLURM_JOB_ID --job-name gpt-7b "
+                              "'logs/rank*.log'")
     p.add_argument("paths", nargs="*", metavar="PATH", help="log files or globs (quote them), e.g. 'logs/rank*.log'")
     p.add_argument("--server", default=None, metavar="URL",
                    help="the Faultline service, e.g. http://faultline:8080 (default: FAULTLINE_SERVER_URL)")
     p.add_argument("--job-name", required=True, metavar="N", help="job name (finds rules learned for its family)")
     p.add_argument("--job-key", default=None, metavar="K",
                    help="the scheduler's job id; sidecars on several nodes with the same key share one job")
-    p.add_argument("--framework", default=None, metavar="F")
+    p.add_argument("--framework", default=None, metavar="F", help="framework, to use only its rule packs")
     p.add_argument("--tag", action="append", default=[], metavar="T", dest="tags", help="job tag (repeatable)")
     p.add_argument("--from", dest="read_from", choices=("beginning", "end"), default="beginning",
                    help="where to start in files present at startup that have no checkpoint (default beginning)")
@@ -185,7 +202,8 @@ def _tail_parser(sub: argparse._SubParsersAction) -> None:
                    help="send a last line without its newline after this long")
     p.add_argument("--flush-interval", type=_seconds, default=0.5, metavar="S",
                    help="send small batches after this long")
-    p.add_argument("--poll-interval", type=_seconds, default=0.2, metavar="S")
+    p.add_argument("--poll-interval", type=_seconds, default=0.2, metavar="S",
+                   help="how often the files are checked for new bytes (default 0.2 s)")
     p.add_argument("--glob-interval", type=_seconds, default=1.0, metavar="S", help="rescan the globs this often")
     p.add_argument("--rotate-wait", type=_seconds, default=10.0, metavar="S",
                    help="keep reading a rotated or deleted file until it is idle this long")

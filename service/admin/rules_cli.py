@@ -34,6 +34,7 @@ class Subcommand:
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace, TextIO], int]
+    examples: tuple[str, ...] = ()
 
 
 def open_db() -> Database:
@@ -50,7 +51,7 @@ def _configure_list(p: argparse.ArgumentParser) -> None:
                    help="active, pending, rejected or disabled")
     p.add_argument("--scope", metavar="SCOPE", help="global, framework:<name> or family:<name>")
     p.add_argument("--source", metavar="SRC", help="e.g. log_agent (prefix match)")
-    p.add_argument("--limit", type=int, default=200, metavar="N")
+    p.add_argument("--limit", type=int, default=200, metavar="N", help="at most this many rules (default 200)")
     p.add_argument("--json", action="store_true", help='one JSON object: {"total", "rules": [...]}')
 
 
@@ -129,7 +130,7 @@ def _review(db: Database):
 
 # -- approve / reject ------------------------------------------------------------------------------
 def _configure_approve(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rule_id", metavar="ID")
+    p.add_argument("rule_id", metavar="ID", help="the rule's id (faultline rules list shows them)")
     p.add_argument("--note", default="", metavar="TEXT", help="why (kept with the rule and in the audit log)")
     _add_actor(p)
     p.add_argument("--json", action="store_true", help="print the rule as JSON")
@@ -150,7 +151,7 @@ def cmd_approve(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _configure_reject(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rule_id", metavar="ID")
+    p.add_argument("rule_id", metavar="ID", help="the rule's id (faultline rules list shows them)")
     p.add_argument("--reason", required=True, metavar="TEXT", help="why the rule is rejected (required)")
     _add_actor(p)
     p.add_argument("--json", action="store_true", help="print the rule as JSON")
@@ -176,7 +177,7 @@ def _configure_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", choices=[k.value for k in RuleKind], metavar="K", help="filter or diagnosis")
     p.add_argument("--status", default="active", choices=[*(s.value for s in RuleStatus), "all"], metavar="S",
                    help="active (default), pending, rejected, disabled or all")
-    p.add_argument("--scope", metavar="SCOPE")
+    p.add_argument("--scope", metavar="SCOPE", help="global, framework:<name> or family:<name>")
     p.add_argument("-o", "--output", metavar="FILE", help="write the pack here (default: standard output)")
     _add_actor(p)
 
@@ -211,7 +212,7 @@ def _configure_import(p: argparse.ArgumentParser) -> None:
                    help="a stored rule of the same id and other content: keep it (skip), "
                         "make a new version of it (replace), or import nothing (fail)")
     _add_actor(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print what became of each rule as JSON")
 
 
 def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
@@ -242,19 +243,32 @@ def cmd_import(args: argparse.Namespace, out: TextIO) -> int:
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
-    "list": Subcommand("list stored rules with their provenance", _configure_list, cmd_list),
-    "approve": Subcommand("make a suggested rule active", _configure_approve, cmd_approve),
-    "reject": Subcommand("reject a rule, with a reason", _configure_reject, cmd_reject),
-    "export": Subcommand("write rules as a YAML rule pack", _configure_export, cmd_export),
-    "import": Subcommand("read a YAML rule pack; every rule is validated", _configure_import, cmd_import),
+    "list": Subcommand("list stored rules with their provenance", _configure_list, cmd_list, (
+        "faultline rules list --status pending", "faultline rules list --source log_agent --json | jq '.rules[].id'")),
+    "approve": Subcommand("make a suggested rule active", _configure_approve, cmd_approve, (
+        "faultline rules approve diag-3f2a9c1e07 --note 'matches the NCCL 2.21 wording'",)),
+    "reject": Subcommand("reject a rule, with a reason", _configure_reject, cmd_reject, (
+        "faultline rules reject la-0123456789 --reason 'drops the torchrun failure box'",)),
+    "export": Subcommand("write rules as a YAML rule pack", _configure_export, cmd_export, (
+        "faultline rules export -o active-rules.yaml", "faultline rules export --status all --kind diagnosis")),
+    "import": Subcommand("read a YAML rule pack; every rule is validated", _configure_import, cmd_import, (
+        "faultline rules import team-rules.yaml", "faultline rules import team-rules.yaml --status active "
+        "--on-conflict replace")),
 }
 
 
 def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("rules", help="the rule store: learned, suggested and imported rules")
-    rules_sub = p.add_subparsers(dest="rules_command", required=True, parser_class=parser_class)
+    p = sub.add_parser("rules", help="the rule store: learned, suggested and imported rules",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Review the rules the agents learned and suggested, and share rule packs.",
+                       epilog="examples:\n  faultline rules list --status pending\n  faultline rules approve --help")
+    rules_sub = p.add_subparsers(dest="rules_command", required=True, parser_class=parser_class,
+                                 help="what to do with the stored rules")
     for name, command in SUBCOMMANDS.items():
-        command.configure(rules_sub.add_parser(name, help=command.help))
+        command.configure(rules_sub.add_parser(
+            name, help=command.help, description=command.help[:1].upper() + command.help[1:] + ".",
+            epilog="examples:\n" + "".join(f"  {line}\n" for line in command.examples),
+            formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:

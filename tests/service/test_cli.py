@@ -236,12 +236,13 @@ def test_a_bad_error_file_is_refused_by_name(tmp_path: Path, log_file: Path, con
     assert "no file matches" in faultline("diagnose", str(log_file), "--error-file", str(tmp_path / "x*.json")).stderr.decode()
 
 
-def test_the_main_commands_explain_every_option_and_show_examples() -> None:
+def test_every_command_explains_every_option_and_shows_examples() -> None:
     from service.cli import _parser
 
     commands = _parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse keeps them there
-    for name in ("diagnose", "serve", "compress"):
-        command = commands[name]
+    assert {"diagnose", "serve", "compress", "eval", "db", "tail"} <= set(commands)
+    verbs = commands["rules"]._subparsers._group_actions[0].choices  # noqa: SLF001
+    for name, command in [*commands.items(), *((f"rules {v}", c) for v, c in verbs.items())]:
         assert command.description and "examples:" in (command.epilog or ""), name
         undocumented = [a.dest for a in command._actions if not a.help]  # noqa: SLF001
         assert not undocumented, (name, undocumented)
