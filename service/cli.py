@@ -133,7 +133,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.add_argument("--split", default=None, metavar="S", help="only the logs of this split (dev or test)")
 
-    p = sub.add_parser("db", help="the database schema (migrations)", formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = sub.add_parser("db", help="the database schema (migrations)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="The store's schema, kept by migrations: `serve` and the other commands bring it\n"
                                    "to the newest revision at start, under a lock (unless FAULTLINE_DB_AUTO_UPGRADE\n"
                                    "is false); `upgrade` does it as a step of its own, `current` prints the revision.",
