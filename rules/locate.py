@@ -9,8 +9,9 @@ from rules.envelope import Envelope
 # Each pattern names the rank and/or node groups it can read; tried in order, first wins.
 _RANK_NODE = [
     # NCCL's own prefix, `host:pid:tid [dev]`, with the source location newer NCCL puts
-    # before the level (`[4] ib_plugin.c:1615 NCCL WARN`)
-    re.compile(r"^(?P<node>[A-Za-z][\w.-]*):\d+:\d+ \[\d+\] (?:[\w.]+:\d+ )?NCCL"),
+    # before the level (`[4] ib_plugin.c:1615 NCCL WARN`), a path inside NCCL's tree for its
+    # own files (`[2] transport/nvls.cc:244 NCCL WARN`, `misc/ibvwrap.cc:284`)
+    re.compile(r"^(?P<node>[A-Za-z][\w.-]*):\d+:\d+ \[\d+\] (?:[\w./-]+:\d+ )?NCCL"),
     re.compile(r"\bRank (?P<rank>\d+), node (?P<node>[\w.-]+), device"),         # Megatron rerun machine
     re.compile(r"srun: error: (?P<node>[\w.-]+): tasks? (?P<rank>\d+)"),         # srun task summary
     re.compile(r"\*\*\* (?:JOB|STEP) [\d.]+ ON (?P<node>[\w.-]+) CANCELLED"),   # slurmstepd

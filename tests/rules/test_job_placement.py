@@ -145,3 +145,19 @@ def test_a_bad_node_file_pattern_is_refused_by_its_setting(tmp_path, pattern: st
 
     with pytest.raises(ValueError, match=message):
         Settings(data_dir=tmp_path, node_file_pattern=pattern)
+
+
+
+@pytest.mark.parametrize("message", [
+    "ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer 10.12.0.7<44206> with status=12 opcode=129",
+    "transport/nvls.cc:244 NCCL WARN Cuda failure 1 'invalid argument'",
+    "misc/ibvwrap.cc:284 NCCL WARN Call to ibv_modify_qp failed with error Invalid argument",
+    "NCCL WARN Call to ibv_modify_qp failed with error Invalid argument",
+])
+def test_nccls_own_prefix_names_the_node_whatever_source_file_it_cites(builtin_rulebook, message: str) -> None:
+    """Newer NCCL puts the source location before the level: a path for its own files."""
+    run = JobRun(builtin_rulebook)
+    line = f"node23:12098:12141 [2] {message}"
+    run.feed("job.log", (line + "\n" + "node23:12098:12141 [2] NCCL INFO init.cc:1196 -> 1\n").encode())
+    diagnosis = run.finish()
+    assert diagnosis.root_cause.line == line and diagnosis.root_cause.node == "node23"
