@@ -166,3 +166,18 @@ def test_a_frameworks_nan_detector_is_a_loss_spike_of_the_training(builtin_ruleb
     root = _run(builtin_rulebook, [STEP.format(step=10), *report]).finish().root_cause
     assert (root.source, root.reason, root.origin, root.line) == (
         "rule:training.nan-check", "loss_spike", "training", report[-1] if "Function" in report[-1] else report[0])
+
+
+@pytest.mark.parametrize(("line", "source"), [
+    ("triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 163840, Hardware limit: 101376.",
+     "rule:torch.compile-failed"),
+    ("torch._dynamo.exc.FailOnRecompileLimitHit: recompile_limit reached with fullgraph=True.", "rule:torch.compile-failed"),
+    # no rule knows it, but the line is the job's last exception: never silent
+    ("requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='hub.example.org', port=443): Read timed out.", "unmatched"),
+])
+def test_an_exception_named_by_its_module_without_an_error_word_is_the_failure(
+        builtin_rulebook: Rulebook, line: str, source: str) -> None:
+    """`pkg.errors.X: `, `pkg.exc.X: `, `pkg.exceptions.X: `: the module says it is an exception."""
+    diagnosis = _run(builtin_rulebook, [STEP.format(step=10), line]).finish()
+    assert diagnosis.status == "failed" and diagnosis.root_cause.line == line
+    assert diagnosis.root_cause.source == source
