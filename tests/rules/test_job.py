@@ -181,3 +181,12 @@ def test_an_exception_named_by_its_module_without_an_error_word_is_the_failure(
     diagnosis = _run(builtin_rulebook, [STEP.format(step=10), line]).finish()
     assert diagnosis.status == "failed" and diagnosis.root_cause.line == line
     assert diagnosis.root_cause.source == source
+
+
+def test_connect_retries_before_a_run_that_trains_are_not_a_failure(builtin_rulebook: Rulebook) -> None:
+    """Workers that start before the master retry the store and say so, then train: routine
+    at every multi-node start, so the warnings must not make a healthy run 'failed'."""
+    retries = ["[W socket.cpp:663] [c10d] The client socket has failed to connect to [gpu-001]:29500 "
+               "(errno: 111 - Connection refused)."] * 3
+    diagnosis = _run(builtin_rulebook, [*retries, *(STEP.format(step=s) for s in range(10, 30))]).finish()
+    assert diagnosis.status == "running" and diagnosis.root_cause is None
