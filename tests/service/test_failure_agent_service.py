@@ -47,11 +47,11 @@ def test_the_cli_loads_no_model_for_a_log_the_rules_resolve(tmp_path) -> None:
 def test_the_cli_diagnoses_a_novel_failure_with_the_agent(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLINE_")}
     env.update(FAULTLINE_DATA_DIR=str(tmp_path / "data"), PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "service.cli", "diagnose", str(OUT_DIR / "symbol_lookup-0.log")],
+    done = subprocess.run([sys.executable, "-m", "service.cli", "diagnose", str(OUT_DIR / "bash_permission-0.log")],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "root cause: import_error (script, origin user" in done.stdout and ", retrieval)" in done.stdout
-    assert "flash_attn_2_cuda" in done.stdout.split("mitigation: ", 1)[1]
+    assert "root cause: permission_error (script, origin user" in done.stdout and ", retrieval)" in done.stdout
+    assert "launch_pretrain.sh" in done.stdout.split("mitigation: ", 1)[1]
     assert "Loading weights" not in done.stderr  # no progress bars from the model load
     # but one line says why it takes seconds
     assert "faultline: no rule explains this failure for sure: loading the Failure Agent" in done.stderr
