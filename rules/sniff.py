@@ -2,7 +2,8 @@
 short for the Log Agent to learn them.
 
 Trainers without a pack print their loss the same few ways: `loss: L`, `loss=L`, `'loss': L`,
-`train/loss:L`, `loss L`, often after the step (`step: N`, `step:N`, `iter N`). verl prints
+`train/loss:L`, `loss L` (Keras-style progress aligns it: `loss        nan`), a logger's
+`[Loss] L`, often after the step (`step: N`, `step:N`, `iter N`). verl prints
 `step:N - ... - train/loss:L` (verl/utils/tracking.py), MaxText `completed step: N, seconds:
 ..., loss: L` (MaxText/metric_logger.py), nanoGPT `iter N: loss L, time ...` (train.py).
 Validation losses (`val_loss`, `eval/loss`) are not read: in one series with the training
@@ -23,7 +24,7 @@ from rules.linear import compile_linear, search_groups
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff])"
 LOSS_LINE = compile_linear(
     r"(?:\b(?:step|iter|iteration)['\"]?(?:: ?|=| )(?P<step>\d+)\b.*?)?"
-    r"(?:^|[ \t{,|'\"(]|train[/_]|total_|lm_|act_|actor[/_]|policy_|pg_)[Ll]oss['\"]?(?:[:=] ?| )['\"]?(?P<loss>"
+    r"(?:^|[ \t{,|'\"(\[]|train[/_]|total_|lm_|act_|actor[/_]|policy_|pg_)[Ll]oss(?:['\"]|\])?(?:[:=] ?| +)['\"]?(?P<loss>"
     + _NUMBER + r")(?:[^\w.]|$)")
 """Searched, in RE2 (linear time whatever a line holds)."""
 GRAD_NORM = compile_linear(

@@ -20,6 +20,9 @@ from rules.sniff import loss_fields
     ("epoch: 0|step: 3184|ppo_ep: 1|act_loss: inf|cri_loss: inf|unsuper_loss: 0.0", ("3184", "inf")),  # DeepSpeed-Chat
     ("step:12 - actor/pg_loss:0.013 - critic/vf_loss:0.2", ("12", "0.013")),  # verl
     ("{'policy_loss': 0.12, 'value_loss': 3.0}", (None, "0.12")),  # OpenRLHF
+    # a column-aligned progress line and a logger's bracketed key (two independent threads)
+    ("step 1655 - loss        nan - moving ave loss        nan", ("1655", "nan")),
+    ("2023-02-15 10:12:01.123 | INFO | [Loss] nan | [lr] 0.0002", (None, "nan")),
 ])
 def test_a_training_loss_is_read(line: str, want: tuple[str | None, str]) -> None:
     assert loss_fields(line) == want
