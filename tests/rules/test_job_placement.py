@@ -147,7 +147,6 @@ def test_a_bad_node_file_pattern_is_refused_by_its_setting(tmp_path, pattern: st
         Settings(data_dir=tmp_path, node_file_pattern=pattern)
 
 
-
 @pytest.mark.parametrize("message", [
     "ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer 10.12.0.7<44206> with status=12 opcode=129",
     "transport/nvls.cc:244 NCCL WARN Cuda failure 1 'invalid argument'",
