@@ -24,7 +24,9 @@ _COMPONENTS = (
     r"\[\d+\] ",                            # [80746]  pid of a tee'ing wrapper
     r" *\d{1,6}: ",                         # srun --label task id
     r"[\w.]+/\d+ ",                         # nemo-run: i.pretrain/0
-    r"[A-Za-z][\w.]*(?:-[\w.]+)+: ",        # pdsh / k8s host: rdma-test-gpu-worker-1:
+    # pdsh / k8s host: rdma-test-gpu-worker-1:  (no underscore: a host name has none, and
+    # `flash_attn_2_cuda.cpython-310-x86_64-linux-gnu.so: undefined symbol` is a file)
+    r"[A-Za-z][A-Za-z0-9.]*(?:-[A-Za-z0-9.]+)+: ",
     r"\d{1,3}(?:\.\d{1,3}){3}: ",            # pdsh by address (DeepSpeed's runner): 10.140.0.17:
     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? ",  # collector stamp (RFC 3339)
     r"(?:stdout|stderr) [FP] ",               # containerd's log files: <stamp> stdout F <line>
@@ -47,7 +49,7 @@ _LOGGER_STAMP = re.compile(_STAMP)
 _ROLE_RE = re.compile(r"\[([A-Za-z_]+)(\d+)\]:")
 _HOST_RANK_RE = re.compile(r"\[([A-Za-z_][\w.-]*):(\d+)\]:")
 _SRUN_RE = re.compile(r"^ *(\d{1,6}): ")
-_HOST_RE = re.compile(r"(?:^|\s)([A-Za-z][\w.]*(?:-[\w.]+)+|\d{1,3}(?:\.\d{1,3}){3}): ")
+_HOST_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9.]*(?:-[A-Za-z0-9.]+)+|\d{1,3}(?:\.\d{1,3}){3}): ")
 
 
 @dataclass(frozen=True, slots=True)
