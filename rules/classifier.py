@@ -116,6 +116,8 @@ class RuleEvidence:
     ranks: set[int] = field(default_factory=set)
     nodes: set[str] = field(default_factory=set)
     earliest: Evidence | None = None
+    latest: Evidence | None = None
+    """The last match in arrival order: whether the job trained on after it (rules.job)."""
 
     def add(self, item: Evidence) -> None:
         self.count += 1
@@ -127,6 +129,8 @@ class RuleEvidence:
             self.nodes.add(item.node)
         if self.earliest is None or earlier(item, self.earliest):
             self.earliest = item
+        if self.latest is None or item.seq > self.latest.seq:
+            self.latest = item
 
 
 def earlier(a: Evidence, b: Evidence) -> bool:

@@ -40,6 +40,13 @@ AGENT_MAX_SLICE_BYTES = 64 << 20
 AGENT_BUSY_LINES = 16
 """Unexplained kept lines in a slice that mean the agent still has work: keep slices small."""
 TAIL_LINES = 256
+SURVIVED_STEPS = 3
+"""New training steps after a rule's last match, in the same file, from which the job went
+on past it (a retried connection, a warning a rule knows, an elastic restart): the match is
+listed among the other errors, not the root cause. One or two steps can still be printed by
+a rank that has not yet blocked on the rank that died; three cannot."""
+_TRAINS_THROUGH = frozenset({"loss_spike"})
+"""Reasons whose evidence is the training's own metrics: training goes on through them."""
 """Raw lines remembered per source: enough to hold, behind a final traceback, the periodic
 stamped lines (PULSE, keep-alives) that show a hang."""
 SNAPSHOT_FORMAT = 1
@@ -590,7 +597,8 @@ class JobRun:
         fatal = self.fatal_line()
         traced = self._saw_traceback or self._last_exception is not None or self._launcher_saw_failure()
         return decide(Facts(
-            found=self.classifier.found, spike=primary.progress.spikes.failed if primary else None,
+            found=self.classifier.found, survived=self.survived(),
+            spike=primary.progress.spikes.failed if primary else None,
             checkpoints=list(primary.progress.checkpoints) if primary else [],
             progress_source=primary.name if primary else None, hang=lambda: self._hang(primary),
             node_of=self.classifier.node_of, traceback=self._saw_traceback, failure_traced=traced, failure_line=self._last_exception or fatal,
@@ -606,7 +614,22 @@ class JobRun:
         """A launcher or a crash left its trace (a non-zero exit in srun's summary or the
         torchrun box, a C++ stack): something failed, even when no error names itself
         (a shell's `Permission denied`, a missing script)."""
-        return any(found.rule.tier is Tier.CONTEXT for found in self.classifier.found.values())
+        survived = self.survived()
+        return any(found.rule.tier is Tier.CONTEXT and rule_id not in survived
+                   for rule_id, found in self.classifier.found.items())
+
+    def survived(self) -> frozenset[str]:
+        """Diagnosis rules whose every match the job trained on past (SURVIVED_STEPS new steps
+        after the last one, in the same file): not what ended it."""
+        out = set()
+        for rule_id, found in self.classifier.found.items():
+            last = found.latest
+            if last is None or found.rule.reason in _TRAINS_THROUGH:
+                continue
+            run = self.sources.get(last.source)
+            if run is not None and run.progress.steps_after(last.line_number) >= SURVIVED_STEPS:
+                out.add(rule_id)
+        return frozenset(out)
 
     def completed(self) -> bool:
         done = self.rulebook.completion_rule_ids

@@ -176,6 +176,16 @@ class ProgressTracker:
     def __len__(self) -> int:
         return len(self._lines)
 
+    def steps_after(self, line_number: int) -> int:
+        """How many new training steps this source reported after line `line_number`:
+        distinct steps above any reported up to that line (a point without a step counts
+        once). Thinned older points can only make it smaller, never larger."""
+        steps, lines = self._cols["step"], self._lines
+        before = max((s for s, n in zip(steps, lines, strict=True) if n <= line_number and not math.isnan(s)),
+                     default=-math.inf)
+        later = [s for s, n in zip(steps, lines, strict=True) if n > line_number]
+        return len({s for s in later if s > before}) + sum(1 for s in later if math.isnan(s))
+
     def recent(self, name: str, count: int) -> list[float]:
         """The last `count` values of one column (`step`, `loss`, `step_time_s`, ...); NaN
         where a point had no value."""

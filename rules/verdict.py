@@ -122,6 +122,19 @@ def other_errors_view(others: list[OtherError]) -> list[dict[str, Any]]:
              "rule": o.rule_id, "file": o.source} for o in others]
 
 
+def _survived_view(facts: Facts) -> list[dict[str, Any]]:
+    """The errors training went on past, each with its last match: seen, and not why it ended."""
+    out = []
+    for rule_id in sorted(facts.survived):
+        f = facts.found[rule_id]
+        last = f.latest
+        if f.rule.tier is Tier.CONTEXT or last is None:
+            continue
+        out.append({"reason": f.rule.reason, "line": last.line, "line_number": last.line_number,
+                    "count": f.count, "rule": rule_id, "file": last.source, "survived": True})
+    return out
+
+
 def from_spike(spike: Spike, checkpoints: list[Checkpoint], source: str) -> tuple[RootCauseView, str, dict[str, Any]]:
     """Root cause, mitigation and rollback advice for a loss spike seen in the metrics."""
     taxonomy = reason("loss_spike")
@@ -213,6 +226,9 @@ class Facts:
     """A process was killed with SIGKILL and the job's own code raised nothing."""
     completed: bool
     """The log says training ended normally."""
+    survived: frozenset[str] = frozenset()
+    """Rules in `found` that training went on past (see `rules.job.SURVIVED_STEPS`): other
+    errors, never the root cause."""
     stopped: StopFinder = lambda: None
     """For a log that has ended (not a live job so far): its last line, where a job that
     never reached a training step and shows no error stopped (see `decide`)."""
@@ -232,12 +248,14 @@ def decide(facts: Facts) -> Diagnosis:
     the job; a cancellation long after progress stopped is a hang; the rules' root cause;
     a spike alone; SIGKILL or SIGBUS with no exception of the job's own; a failure no rule
     knows (never silent); a clean end; a hang; for a whole log with no training step, its
-    error-like line no rule knows, else a stall at its last line; running."""
-    root, others = choose_root_cause(facts.found)
+    error-like line no rule knows, else a stall at its last line; running. What training went
+    on past is among the other errors (`survived: true`), never the root cause."""
+    found = {rule_id: f for rule_id, f in facts.found.items() if rule_id not in facts.survived}
+    root, others = choose_root_cause(found)
     spike = facts.spike
     diagnosis = Diagnosis(status=JobStatus.RUNNING.value, root_cause=None, action="none", mitigation="",
                           progress=facts.progress, compression=facts.compression, filtered=facts.filtered)
-    diagnosis.other_errors = other_errors_view(others)
+    diagnosis.other_errors = other_errors_view(others) + _survived_view(facts)
     if root is not None and spike is not None and (root.rule.reason == "loss_spike"
                                                     or TIER_RANK[root.rule.tier] <= TIER_RANK[Tier.SYMPTOM]):
         # the metrics saw the loss go first: the NaN check or the kill that followed is its
@@ -284,12 +302,12 @@ def decide(facts: Facts) -> Diagnosis:
     if facts.bus_error_line is not None:
         return _bus_error(diagnosis, facts.bus_error_line)
     if facts.failure_traced:
-        return _unknown_failure(diagnosis, facts.failure_line, facts.found)
+        return _unknown_failure(diagnosis, facts.failure_line, found)
     if facts.completed:
         diagnosis.status = JobStatus.HEALTHY.value
         return diagnosis
     if facts.fatal:
-        return _unknown_failure(diagnosis, facts.failure_line, facts.found)
+        return _unknown_failure(diagnosis, facts.failure_line, found)
     hang = facts.hang()
     if hang is not None:
         diagnosis.status = JobStatus.STALLED.value
@@ -301,7 +319,7 @@ def decide(facts: Facts) -> Diagnosis:
         # mid-training". With an error-like line no rule knows, that line is the best lead
         # (a storage client's retried read timeouts): the agent is asked about it.
         if facts.last_error_like is not None:
-            return _unknown_failure(diagnosis, facts.last_error_like, facts.found)
+            return _unknown_failure(diagnosis, facts.last_error_like, found)
         stopped = facts.stopped()
         if stopped is not None:
             # With no error at all it stopped in its setup (the first collective after NCCL's

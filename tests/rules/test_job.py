@@ -191,3 +191,39 @@ def test_connect_retries_before_a_run_that_trains_are_not_a_failure(builtin_rule
                "(errno: 111 - Connection refused)."] * 3
     diagnosis = _run(builtin_rulebook, [*retries, *(STEP.format(step=s) for s in range(10, 30))]).finish()
     assert diagnosis.status == "running" and diagnosis.root_cause is None
+
+
+TIMED_OUT = ("[W socket.cpp:601] [c10d] The client socket has timed out after 60s while trying to connect to "
+             "(node-1, 29500).")
+
+
+def test_an_error_a_rule_knows_that_training_went_on_past_is_not_the_root_cause(builtin_rulebook: Rulebook) -> None:
+    """A rule knows the line (c10d gave up one connection attempt), and twenty steps follow
+    it: the job is running, and the line is listed among the other errors as survived. Before,
+    any rule's match made the job `failed`, so a live job was reported dead mid-run."""
+    diagnosis = _run(builtin_rulebook, [TIMED_OUT, *(STEP.format(step=s) for s in range(10, 30))]).finish()
+    assert diagnosis.status == "running" and diagnosis.root_cause is None
+    assert [(e["reason"], e["line"], e.get("survived")) for e in diagnosis.other_errors] == [
+        ("connection_error", TIMED_OUT, True)]
+
+
+def test_what_ended_the_job_after_a_survived_error_is_the_root_cause(builtin_rulebook: Rulebook) -> None:
+    oom = "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    diagnosis = _run(builtin_rulebook, [TIMED_OUT, *(STEP.format(step=s) for s in range(10, 30)), oom]).finish()
+    assert diagnosis.status == "failed" and diagnosis.root_cause.reason == "out_of_memory"
+    assert any(e.get("survived") and e["line"] == TIMED_OUT for e in diagnosis.other_errors)
+
+
+@pytest.mark.parametrize("steps_after", [0, 1, 2])
+def test_a_step_or_two_printed_after_an_error_do_not_hide_it(builtin_rulebook: Rulebook, steps_after: int) -> None:
+    """Rank 0 can print a step or two before it blocks on the rank that died: the error
+    still ended the job."""
+    oom = "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    lines = [*(STEP.format(step=s) for s in range(10, 20)), oom, *(STEP.format(step=s) for s in range(20, 20 + steps_after))]
+    diagnosis = _run(builtin_rulebook, lines).finish()
+    assert diagnosis.status == "failed" and diagnosis.root_cause.reason == "out_of_memory"
+
+
+def test_an_error_that_repeats_after_the_steps_is_not_survived(builtin_rulebook: Rulebook) -> None:
+    diagnosis = _run(builtin_rulebook, [TIMED_OUT, *(STEP.format(step=s) for s in range(10, 30)), TIMED_OUT]).finish()
+    assert diagnosis.status == "failed" and diagnosis.root_cause.reason == "connection_error"
