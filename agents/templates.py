@@ -32,7 +32,6 @@ from functools import lru_cache
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from drain3.drain import Drain
 
 from rules.envelope import split_envelope
 
@@ -325,6 +324,8 @@ def mine(messages: Sequence[str], params: MinerParams = MinerParams(), *,
         order.reverse()
     elif params.order == "shuffled":
         random.Random(params.seed).shuffle(order)
+    from drain3.drain import Drain  # here: a job that mines nothing (most diagnoses) never loads it
+
     drain = Drain(depth=params.depth, sim_th=params.sim_th, max_children=100,
                   param_str=_WILD, parametrize_numeric_tokens=False)
     members: dict[int, list[int]] = {}

@@ -42,7 +42,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import regex
 
 from agents.samples import HELD_OUT_HEALTHY, OVER_GENERAL_PROBES, SEED_ERROR_LINES
 from rules.envelope import ENVELOPE_PATTERN
@@ -281,6 +280,8 @@ class Validator:
             return None, None, "empty pattern"
         if len(pattern) > MAX_PATTERN_CHARS:
             return None, None, f"{len(pattern)} characters, more than {MAX_PATTERN_CHARS}"
+        import regex  # here, not at the top: a diagnose that learns nothing never loads it
+
         try:
             regex.compile(pattern)
             tree = sre_parse.parse(pattern)
@@ -301,6 +302,8 @@ class Validator:
         if _nested_quantifier(tree):
             return Check("bounded_time", False, "nested unbounded quantifier (catastrophic backtracking)")
         body = non_capturing(pattern, keep_named=True)
+        import regex  # see _compile
+
         compiled = regex.compile("^%s(?:%s)$" % (ENVELOPE_PATTERN, body))
         spent = 0.0
         for text in self._adversarial(tree, segment, claims):
@@ -413,6 +416,8 @@ def validate_diagnosis_rule(rule, *, examples: Sequence[str], counter_examples: 
         elif len(pattern) > MAX_PATTERN_CHARS:
             problem = f"{len(pattern)} characters, more than {MAX_PATTERN_CHARS}"
         else:
+            import regex  # see _compile
+
             try:
                 regex.compile(pattern)
                 trees.append(sre_parse.parse(pattern))
