@@ -53,27 +53,36 @@ def _set_options() -> re2.Options:
     return opts
 
 
+def _no_groups(_message: str) -> None:
+    return None
+
+
 class DiagnosisProgram:
     """Diagnosis rules compiled once into an RE2 set, plus per-pattern group readers."""
 
     def __init__(self, rules: Sequence[DiagnosisRule]):
         self.rules = list(rules)
         self._owner: list[int] = []
+        self._patterns: list[str] = []
         self._readers: list = []
         self._set = re2.Set(re2._Anchor.UNANCHORED, _set_options())
         for index, rule in enumerate(self.rules):
             for pattern in rule.patterns:
                 # The set says which rules match; the rule's own RE2 regexp reads its groups
                 # from the lines the set matched. Both are linear in the line's length, for
-                # built-in, imported and agent-written rules alike.
+                # built-in, imported and agent-written rules alike. The set refuses what RE2
+                # cannot run, so each reader is compiled when a line first needs it: a short
+                # log matches a handful of the ~300 patterns, and compiling them all was a
+                # fifth of a 10-line diagnose's work after its imports.
                 try:
-                    reader = compile_linear(pattern).search
                     if self._set.Add(pattern.encode("utf-8")) < 0:
-                        raise NotLinear(refusal(pattern, re2.error("the RE2 set refuses it")))
-                except NotLinear as exc:
+                        raise re2.error("the RE2 set refuses it")
+                except (re2.error, UnicodeEncodeError) as exc:
+                    exc = NotLinear(refusal(pattern, exc))
                     raise DiagnosisCompileError(f"rule {rule.id}: cannot compile {pattern[:100]!r}: {exc}",
                                                 f"{pattern[:60]!r} {exc}") from None
-                self._readers.append(reader)
+                self._patterns.append(pattern)
+                self._readers.append(None)
                 self._owner.append(index)
         self._empty = not self._owner
         if not self._empty:
@@ -99,7 +108,14 @@ class DiagnosisProgram:
             return None
         best = min(hits, key=self._preference)
         rule = self.rules[self._owner[best]]
-        m = self._readers[best](message)
+        reader = self._readers[best]
+        if reader is None:
+            try:
+                reader = compile_linear(self._patterns[best]).search
+            except NotLinear:  # the set ran it; reading its groups alone is beyond RE2's memory
+                reader = _no_groups
+            self._readers[best] = reader
+        m = reader(message)
         groups = {k: v for k, v in m.groupdict().items() if v is not None} if m else {}
         if m:
             groups["match"] = _quoted(message, m)
