@@ -148,11 +148,22 @@ class FilterProgram:
             raise FilterCompileError("duplicate filter rule ids")
         self.guard = guard or ErrorGuard()
         self.line_patterns = [_line_program(r.pattern) for r in self.rules]
-        self.runs = []
+        # Each rule's run program is compiled when a stream first meets one of its lines
+        # (run()): a short log meets a few of the rules, and compiling all ~70 was a tenth of
+        # a 10-line diagnose's work after its imports. The set below compiles every line
+        # pattern at once, so a pattern RE2 cannot run is still refused here, by its rule.
+        self.runs: list = [None] * len(self.rules)
+        self._line_set = self._compile_set() if self.rules else None
+        self.extractors = [_extractor(r) for r in self.rules]
+        # a line start followed by any rule's line: skips stretches that no rule knows
+        self._any_line = _compile_re2("(?m)^(?:%s)\n" % "|".join(self.line_patterns)) if self.rules else None
+
+    def _compile_set(self):
+        line_set = re2.Set(_ANCHOR_BOTH, _re2_options())
         for rule, pattern in zip(self.rules, self.line_patterns, strict=True):
             try:
-                self.runs.append(_compile_re2("(?:%s\n)+" % pattern))
-            except FilterCompileError:
+                line_set.Add(pattern.encode("latin-1"))
+            except (re2.error, UnicodeEncodeError) as exc:
                 # named on the rule's own text: the composed program hides it. Asked only
                 # when RE2 refuses (it refuses every feature that needs backtracking): the
                 # check parses the pattern in Python, 2 ms a rule at every start
@@ -160,18 +171,22 @@ class FilterProgram:
                 if feature:
                     raise FilterCompileError(f"rule {rule.id} uses {feature}, which needs a backtracking engine; "
                                              "rules run in linear time (RE2)") from None
-                raise
-        self.extractors = [_extractor(r) for r in self.rules]
-        self._line_set = self._compile_set() if self.rules else None
-        # a line start followed by any rule's line: skips stretches that no rule knows
-        self._any_line = _compile_re2("(?m)^(?:%s)\n" % "|".join(self.line_patterns)) if self.rules else None
-
-    def _compile_set(self):
-        line_set = re2.Set(_ANCHOR_BOTH, _re2_options())
-        for pattern in self.line_patterns:
-            line_set.Add(pattern.encode("latin-1"))
+                raise FilterCompileError(f"cannot compile {pattern[:120]!r}: {refusal(pattern, exc)}") from None
         line_set.Compile()
         return line_set._set
+
+    def run(self, k: int):
+        """Rule k's run program `(?:ENVELOPE rule\n)+`, compiled on first use. One that RE2
+        cannot build alone (beyond its memory, where the set could) matches nothing: the
+        rule's lines are kept, never a stream's failure."""
+        program = self.runs[k]
+        if program is None:
+            try:
+                program = _compile_re2("(?:%s\n)+" % self.line_patterns[k])
+            except FilterCompileError:
+                program = _compile_re2("[^\\x00-\\xff]")
+            self.runs[k] = program
+        return program
 
     def rules_matching(self, line: bytes | memoryview) -> list[int]:
         """Indexes of the rules whose pattern matches this line (without its newline)."""
@@ -224,8 +239,9 @@ class FilterStream:
         self._count = [0] * n
         self._first = [0] * n
         self._last = [0] * n
-        self._succ = list(range(n))
-        """Per rule, the rule whose run followed it last (tried first at the next run)."""
+        self._succ = [-1] * n
+        """Per rule, the rule whose run followed it last (tried first at the next run; -1:
+        none yet). Only rules met in _run_at, whose run programs are compiled, are here."""
         self._second = [-1] * n
         """... and the one before that (tried second)."""
         self._blocks: OrderedDict[tuple, object] = OrderedDict()
@@ -378,7 +394,8 @@ class FilterStream:
         if not matching:
             return -1, self.program.next_known_line(data, eol, end)
         k = matching[0]
-        return k, self.program.runs[k].Match(_ANCHOR_START, data, pos, end)[0][1]
+        stop = self.program.run(k).Match(_ANCHOR_START, data, pos, end)[0][1]
+        return (k, stop) if stop > pos else (-1, eol)
 
     def _record(self, k: int, n: int, data: bytes, start: int, stop: int) -> None:
         first_line = self.lines_in + 1
