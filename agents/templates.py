@@ -32,7 +32,6 @@ from functools import lru_cache
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
 from rules.envelope import split_envelope
 
 # Placeholder markers from the Unicode private use area: they never occur in log text.

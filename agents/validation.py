@@ -42,7 +42,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from agents.samples import HELD_OUT_HEALTHY, OVER_GENERAL_PROBES, SEED_ERROR_LINES
 from rules.envelope import ENVELOPE_PATTERN
 from rules.extract import non_capturing

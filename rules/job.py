@@ -40,6 +40,8 @@ AGENT_MAX_SLICE_BYTES = 64 << 20
 AGENT_BUSY_LINES = 16
 """Unexplained kept lines in a slice that mean the agent still has work: keep slices small."""
 TAIL_LINES = 256
+"""Raw lines remembered per source: enough to hold, behind a final traceback, the periodic
+stamped lines (PULSE, keep-alives) that show a hang."""
 SURVIVED_STEPS = 3
 """New training steps after a rule's last match, in the same file, from which the job went
 on past it (a retried connection, a warning a rule knows, an elastic restart): the match is
@@ -47,8 +49,6 @@ listed among the other errors, not the root cause. One or two steps can still be
 a rank that has not yet blocked on the rank that died; three cannot."""
 _TRAINS_THROUGH = frozenset({"loss_spike"})
 """Reasons whose evidence is the training's own metrics: training goes on through them."""
-"""Raw lines remembered per source: enough to hold, behind a final traceback, the periodic
-stamped lines (PULSE, keep-alives) that show a hang."""
 SNAPSHOT_FORMAT = 1
 _TRANSIENT = frozenset({"rulebook", "filter_program", "log_agent", "failure_agent", "_batch", "_flagged"})
 _EXCEPTION_LINE = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ")
@@ -595,9 +595,10 @@ class JobRun:
         `ended`: the log is whole (a finished upload or job), not a live job's lines so far."""
         primary = self.primary_progress()
         fatal = self.fatal_line()
-        traced = self._saw_traceback or self._last_exception is not None or self._launcher_saw_failure()
+        survived = self.survived()
+        traced = self._saw_traceback or self._last_exception is not None or self._launcher_saw_failure(survived)
         return decide(Facts(
-            found=self.classifier.found, survived=self.survived(),
+            found=self.classifier.found, survived=survived,
             spike=primary.progress.spikes.failed if primary else None,
             checkpoints=list(primary.progress.checkpoints) if primary else [],
             progress_source=primary.name if primary else None, hang=lambda: self._hang(primary),
@@ -610,11 +611,10 @@ class JobRun:
             last_error_like=self._last_error_like if ended else None,
             compression=self.compression_summary(), filtered=self.filtered_summary()))
 
-    def _launcher_saw_failure(self) -> bool:
+    def _launcher_saw_failure(self, survived: frozenset[str]) -> bool:
         """A launcher or a crash left its trace (a non-zero exit in srun's summary or the
         torchrun box, a C++ stack): something failed, even when no error names itself
         (a shell's `Permission denied`, a missing script)."""
-        survived = self.survived()
         return any(found.rule.tier is Tier.CONTEXT and rule_id not in survived
                    for rule_id, found in self.classifier.found.items())
 
