@@ -53,6 +53,8 @@ class OtherError:
     count: int
     rule_id: str
     source: str
+    survived: bool = False
+    """The job trained on past it (rules.job.SURVIVED_STEPS): seen, not why it ended."""
 
 
 def _candidates(found: Mapping[str, RuleEvidence]) -> list[Evidence]:

@@ -119,19 +119,18 @@ def from_rule(root: RootCause, others: list[OtherError]) -> tuple[RootCauseView,
 
 def other_errors_view(others: list[OtherError]) -> list[dict[str, Any]]:
     return [{"reason": o.reason, "line": o.line, "line_number": o.line_number, "count": o.count,
-             "rule": o.rule_id, "file": o.source} for o in others]
+             "rule": o.rule_id, "file": o.source, **({"survived": True} if o.survived else {})} for o in others]
 
 
-def _survived_view(facts: Facts) -> list[dict[str, Any]]:
-    """The errors training went on past, each with its last match: seen, and not why it ended."""
+def _survived(facts: Facts) -> list[OtherError]:
+    """The errors training went on past, each at its last match."""
     out = []
     for rule_id in sorted(facts.survived):
         f = facts.found[rule_id]
         last = f.latest
-        if f.rule.tier is Tier.CONTEXT or last is None:
-            continue
-        out.append({"reason": f.rule.reason, "line": last.line, "line_number": last.line_number,
-                    "count": f.count, "rule": rule_id, "file": last.source, "survived": True})
+        if f.rule.tier is not Tier.CONTEXT and last is not None:
+            out.append(OtherError(f.rule.reason, last.line, last.line_number, f.count, rule_id, last.source,
+                                  survived=True))
     return out
 
 
@@ -255,7 +254,7 @@ def decide(facts: Facts) -> Diagnosis:
     spike = facts.spike
     diagnosis = Diagnosis(status=JobStatus.RUNNING.value, root_cause=None, action="none", mitigation="",
                           progress=facts.progress, compression=facts.compression, filtered=facts.filtered)
-    diagnosis.other_errors = other_errors_view(others) + _survived_view(facts)
+    diagnosis.other_errors = other_errors_view([*others, *_survived(facts)])
     if root is not None and spike is not None and (root.rule.reason == "loss_spike"
                                                     or TIER_RANK[root.rule.tier] <= TIER_RANK[Tier.SYMPTOM]):
         # the metrics saw the loss go first: the NaN check or the kill that followed is its
