@@ -10,6 +10,11 @@ How the hot loop works, and why (figures from bench/filter_bench.py on this mach
   runs repeat with a period of 2-6 runs it compiles that period into one block program
   `(?:(?:A\\n){1}(?:B\\n){1}(?:C\\n){5})+`, which then consumes thousands of periods per
   call. Counts stay exact: a block match is a whole number of periods.
+* Where a few rules take turns at random (step lines between data-loader lines), no period
+  exists and every run is one trip through the loop. After a few period searches find
+  nothing, the loop consumes such stretches with one union program `(?:(?:A|B)\n)+` and
+  counts each rule's lines by a literal all its lines hold (bytes.count); counts stay
+  exact because the stretch is taken only when those counts add up to its lines.
 * Which lines are error-like is decided before, by the guard (rules/guard.py), on the whole
   buffer; the loop only ever runs between error-like lines, so no rule can drop one.
 * Progress fields are read, with Python `re`, only from the lines of metric rules.
@@ -17,7 +22,7 @@ How the hot loop works, and why (figures from bench/filter_bench.py on this mach
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
@@ -27,6 +32,7 @@ from rules.envelope import ENVELOPE_PATTERN
 from rules.extract import Columns, FieldError, FieldExtractor, non_capturing
 from rules.guard import ErrorGuard
 from rules.linear import backtracking_feature, refusal
+from rules.literals import distinct_literals
 from rules.model import FilterRule, KeptLine, RuleStats
 from rules.simplify import line_language
 
@@ -38,6 +44,11 @@ MAX_BLOCK_LINES = 32
 MAX_BLOCK_PROGRAMS = 64
 MAX_BLOCK_WAIT = 31
 """Runs to wait, at most, before looking for a period again after a search found none."""
+MIX_AFTER_MISSES = 3
+"""Period searches that find nothing in a row before the loop tries a mixed run."""
+MAX_MIX_RULES = 6
+MAX_MIX_FAILS = 16
+"""Mixed-run tries in a row that consume nothing before the loop stops trying that mix."""
 MAX_KEPT_LINE_CHARS = 8192
 SAMPLE_BYTES = 64 << 10
 """Dense metric lines are read at most once per this many bytes of log (see _extract)."""
@@ -157,6 +168,7 @@ class FilterProgram:
         self.extractors = [_extractor(r) for r in self.rules]
         # a line start followed by any rule's line: skips stretches that no rule knows
         self._any_line = _compile_re2("(?m)^(?:%s)\n" % "|".join(self.line_patterns)) if self.rules else None
+        self._mixes: dict[tuple[int, ...], object] = {}
 
     def _compile_set(self):
         line_set = re2.Set(_ANCHOR_BOTH, _re2_options())
@@ -187,6 +199,24 @@ class FilterProgram:
                 program = _compile_re2("[^\\x00-\\xff]")
             self.runs[k] = program
         return program
+
+    def mix(self, rules: tuple[int, ...]):
+        """The mixed-run program `(?:(?:A|B)\n)+` of a few rules whose lines interleave at
+        random, with each rule's required literal; None when one of them has no literal
+        (its lines could not be counted), reads fields from every line, or RE2 cannot build
+        the union."""
+        if rules in self._mixes:
+            return self._mixes[rules]
+        mix = None
+        literals = distinct_literals([line_language(self.rules[k].pattern) for k in rules])
+        extractors = [self.extractors[k] for k in rules]
+        if all(literals) and all(e is None or e.sampled for e in extractors):
+            try:
+                mix = (_compile_re2("(?:(?:%s)\n)+" % "|".join(self.line_patterns[k] for k in rules)), literals)
+            except FilterCompileError:
+                mix = None
+        self._mixes[rules] = mix
+        return mix
 
     def rules_matching(self, line: bytes | memoryview) -> list[int]:
         """Indexes of the rules whose pattern matches this line (without its newline)."""
@@ -251,6 +281,11 @@ class FilterStream:
         self._rows = _Rows()
         self._resume: dict[int, tuple] = {}
         """First rule of a period -> the period, for periods that consumed a block."""
+        self._mix: tuple[int, ...] | None = None
+        """Rules whose lines interleave at random here, consumed together (_mixed)."""
+        self._mix_fails = 0
+        self._mix_refused: set[tuple[int, ...]] = set()
+        """Mixes whose literal counts did not add up here: their lines share a literal."""
 
     def _flush_stats(self) -> None:
         for k, rule in enumerate(self.program.rules):
@@ -263,7 +298,7 @@ class FilterStream:
         """Statistics and counters only: compiled programs are reattached with set_program()."""
         self._flush_stats()
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("program", "_count", "_first", "_last", "_succ", "_second", "_blocks", "_sampled_upto", "_pending", "_rows", "_resume")}
+                if k not in ("program", "_count", "_first", "_last", "_succ", "_second", "_blocks", "_sampled_upto", "_pending", "_rows", "_resume", "_mix", "_mix_fails", "_mix_refused")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -334,6 +369,12 @@ class FilterStream:
         cur = backoff = wait = 0
         resume = self._resume
         while pos < end:
+            if self._mix is not None:
+                stop, last = self._mixed(self._mix, data, pos, end)
+                if stop > pos:
+                    cur, pos = last, stop
+                    history.clear()
+                    continue
             k = succ[cur] if succ else -1
             period = resume.get(k)
             if period is not None:
@@ -381,9 +422,85 @@ class FilterStream:
                     # next searches wait 1, 3, 7 ... up to MAX_BLOCK_WAIT runs
                     backoff = min(2 * backoff + 1, MAX_BLOCK_WAIT)
                     wait = backoff
+                    if backoff >= 2 ** MIX_AFTER_MISSES - 1 and self._mix is None:
+                        self._start_mix(history)
                 else:
                     backoff = wait = 0
                 pos = found
+
+    # -- random interleaving -----------------------------------------------------------------
+    def _start_mix(self, history: list[tuple[int, int]]) -> None:
+        # the rules of the last runs, the most frequent when there are more: a heartbeat
+        # block's or a timer's run between the ones that take turns goes in the stretch too
+        turns = Counter(k for k, _ in history[-2 * MAX_BLOCK_PERIOD:])
+        rules = tuple(sorted(k for k, _ in turns.most_common(MAX_MIX_RULES)))
+        if (2 <= len(rules) <= MAX_MIX_RULES and rules not in self._mix_refused
+                and self.program.mix(rules) is not None):
+            self._mix, self._mix_fails = rules, 0
+
+    def _mixed(self, rules: tuple[int, ...], data: bytes, pos: int, end: int) -> tuple[int, int]:
+        """Consume the lines from pos on that belong to any of a few rules interleaving at
+        random (helix's step lines between data lines at random: a run every line or two,
+        each run one trip through the loop). Returns (stop, rule of the last line); stop is
+        pos when nothing was consumed.
+
+        The stretch is counted, not matched line by line: each rule's lines hold its
+        required literal, so its count in the stretch is at least the rule's lines, and when
+        the counts add up to the stretch's lines each line holds exactly one rule's literal,
+        once, and the counts are exact (else the mix is dropped). A metric rule's sampling is
+        what single runs would do: the stretch stops before the next sample point of any of
+        its metric rules (the run that reaches it goes the usual way), and inside it only the
+        last metric line is remembered; in the first SAMPLE_AFTER_BYTES, where every metric
+        line is read, a mix with a metric rule consumes nothing.
+        """
+        program, literals = self.program.mix(rules)
+        limit = end
+        for k in rules:
+            if self.program.extractors[k] is not None:
+                if self.bytes_in < self.sample_after or self.sample_bytes <= 0:
+                    return pos, -1
+                limit = min(limit, (self._sampled_upto[k] + 1) * self.sample_bytes - self.bytes_in - 1)
+        stop = program.Match(_ANCHOR_START, data, pos, limit)[0][1] if limit > pos else -1
+        if stop <= pos:
+            self._mix_fails += 1
+            if self._mix_fails >= MAX_MIX_FAILS:
+                self._mix = None
+            return pos, -1
+        counts = [data.count(literal, pos, stop) for literal in literals]
+        # each rule's last line (and first, for a rule not met before), found by its literal
+        marks: list[tuple[int, int, bool]] = []
+        for k, literal, n in zip(rules, literals, counts, strict=True):
+            if n:
+                at = data.rfind(literal, pos, stop)
+                marks.append((data.rfind(b"\n", pos, at) + 1 or pos, k, True))
+                if not self._count[k]:
+                    at = data.find(literal, pos, stop)
+                    marks.append((data.rfind(b"\n", pos, at) + 1 or pos, k, False))
+        marks.sort()
+        # numbered by one pass over the stretch's newlines, the last stretch of it the total
+        numbers, before, counted = [], 0, pos
+        for start, _k, _is_last in marks:
+            before += data.count(b"\n", counted, start)
+            counted = start
+            numbers.append(self.lines_in + before + 1)
+        total = before + data.count(b"\n", counted, stop)
+        if sum(counts) != total:
+            self._mix = None
+            self._mix_refused.add(rules)
+            return pos, -1
+        self._mix_fails = 0
+        for k, n in zip(rules, counts, strict=True):
+            self._count[k] += n
+        for (start, k, is_last), number in zip(marks, numbers, strict=True):
+            if not is_last:
+                self._first[k] = number
+                continue
+            self._last[k] = number
+            if self.program.extractors[k] is not None:
+                self._pending[k] = (number, data, start, data.index(b"\n", start, stop) + 1, 0, 0)
+        last = marks[-1][1]
+        self.lines_in += total
+        return stop, last
 
     def _run_at(self, data: bytes, pos: int, end: int) -> tuple[int, int]:
         """The rule matching the line at pos and the end of its run; or, when no rule matches

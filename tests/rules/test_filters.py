@@ -286,3 +286,85 @@ def test_a_metric_rule_learned_mid_log_samples_what_it_would_have_from_the_start
 
     late, early = points(True), points(False)
     assert late and late == early
+
+
+# A format whose step lines and data-loader lines take turns at random between heartbeat
+# blocks (the bench's "helix"): the stream counts such stretches by each rule's literal.
+HELIX_RULES = [
+    FilterRule("helix.step", r"\[helix [\d:.]+ r\d+\] step +(?P<step>\d+) \| loss (?P<loss>[\d.]+) \| tok/s \d+"),
+    FilterRule("helix.data", r"\[helix [\d:.]+ r\d+\] data: shard .+ fetched in [\d.]+ms"),
+    FilterRule("helix.hb", r"\[helix [\d:.]+ r\d+\] hb step=\d+ util=\d+%"),
+]
+
+
+def helix_lines(seed: int, steps: int, *, clash: bool = False) -> list[str]:
+    """Step lines with data lines between them at random, a heartbeat line per rank every
+    50 steps; with `clash`, some data lines also hold the step rule's literal (a shard
+    named ` | tok/s `), which the counts must notice."""
+    rnd = random.Random(seed)
+    lines: list[str] = []
+    for step in range(1, steps + 1):
+        lines.append(f"node-1: [helix 10:00:{step % 60:02d}.{step % 1000:03d} r0] step {step:6d} | loss {2 + rnd.random():.4f} | tok/s {rnd.randrange(10**5)}")
+        for _ in range(rnd.choice([0, 0, 1, 2])):
+            shard = "x | tok/s 1" if clash and rnd.random() < 0.05 else str(rnd.randrange(4096))
+            lines.append(f"node-{rnd.randrange(4)}: [helix 10:00:01.000 r{rnd.randrange(8)}] data: shard {shard} fetched in {rnd.random() * 9:.1f}ms")
+        if step % 50 == 0:
+            lines.extend(f"node-1: [helix 10:00:02.000 r{r}] hb step={step} util={rnd.randrange(90, 101)}%" for r in range(8))
+    return lines
+
+
+def helix_reference(lines: list[str]) -> dict[str, tuple[int, int, int]]:
+    compiled = [(r.id, re.compile(f"{ENVELOPE_PATTERN}(?:{r.pattern})")) for r in HELIX_RULES]
+    stats: dict[str, tuple[int, int, int]] = {}
+    for number, line in enumerate(lines, 1):
+        rule = next(rid for rid, rx in compiled if rx.fullmatch(line))
+        count, first, _ = stats.get(rule, (0, number, number))
+        stats[rule] = (count + 1, first, number)
+    return stats
+
+
+@pytest.mark.parametrize(("seed", "clash"), [(0, False), (1, False), (2, True)])
+def test_rules_that_take_turns_at_random_are_counted_exactly_in_stretches(seed: int, clash: bool) -> None:
+    """The stretch where a few rules take turns is consumed at once and counted by each
+    rule's literal (rules/filters.py, _mixed): counts, first and last lines stay the
+    reference's; the sampled progress points are the lines they claim to be, the newest
+    always read; where a line holds another rule's literal the counts stay exact."""
+    lines = helix_lines(seed, 6000, clash=clash)
+    size = sum(len(line) + 1 for line in lines)
+    kept, stream, tracker = run_engine(lines, [size // 3, size // 2], rules=HELIX_RULES, sample_bytes=4096)
+    assert kept == []
+    assert stream._mix is not None or clash, "the stretch path was taken"
+    assert {rid: (s.count, s.first_line, s.last_line) for rid, s in stream.rule_stats().items()} == helix_reference(lines)
+    assert stream.lines_in == len(lines)
+    steps = {n: line for n, line in enumerate(lines, 1) if "] step " in line}
+    curve = tracker.curve()
+    numbers = [p.line_number for p in curve]
+    assert numbers == sorted(set(numbers)) and set(numbers) <= set(steps)
+    assert numbers[-1] == max(steps), "the newest point is never skipped"
+    assert size // 4096 // 2 <= len(numbers) <= size // 4096 + 8
+    for point in curve:
+        assert f"step {point.step:6d} |" in steps[point.line_number]
+
+
+def test_stretches_read_the_progress_single_runs_would() -> None:
+    """Learning must not change the progress read (the first run learns, the second has the
+    rules from the start): with the stretch path or without it, the same points."""
+    lines = helix_lines(3, 6000)
+    data = ("\n".join(lines) + "\n").encode()
+    cuts = sorted({data.rfind(b"\n", 0, c) + 1 for c in range(1 << 16, len(data), 1 << 16)} | {len(data)})
+
+    def points(rules) -> list[tuple[int, int]]:
+        tracker = ProgressTracker()
+        stream = FilterStream(FilterProgram(rules, GUARD), on_progress=tracker.observe, sample_bytes=4096, sample_after=0)
+        start = 0
+        for stop in cuts:
+            stream.feed(data[start:stop])
+            start = stop
+        assert stream.lines_in == len(lines)
+        return [(p.line_number, p.step) for p in tracker.curve()]
+
+    # the step rule spelt without a literal of its own (its words as classes): no stretch
+    # can count it, so every run goes the usual way
+    no_literal = [FilterRule("helix.step", r"\[helix [\d:.]+ r\d+\] [s]tep +(?P<step>\d+) [|] [l]oss (?P<loss>[\d.]+) [|] [t]ok/s \d+"),
+                  *HELIX_RULES[1:]]
+    assert points(HELIX_RULES) == points(no_literal)
