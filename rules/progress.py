@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from rules.anomaly import LossSpikeDetector
 from rules.model import ProgressPoint
-from rules.sniff import grad_norm_field, loss_fields
+from rules.sniff import bare_loss, grad_norm_field, loss_fields
 
 LineText = Callable[[int], str]
 
@@ -26,6 +26,9 @@ def _no_text(_line: int) -> str:
 RECENT_POINTS = 4096
 """Points kept exactly; older ones are thinned by halves, so memory stays flat."""
 
+BARE_NAN_POINTS = 2
+"""Bare value lines in a row that read NaN/inf before they count as a NaN loss: one alone may
+be any number printed while debugging; a loss printed every step that turned NaN repeats."""
 _COLUMNS = ("step", "loss", "grad_norm", "step_time_s", "loss_scale")
 NAN = math.nan
 
@@ -81,6 +84,10 @@ class ProgressTracker:
         self._lines = array("q")
         self.checkpoints: deque[Checkpoint] = deque(maxlen=256)
         self._sniffed = 0
+        self._bare_finite = False
+        """A bare value line (rules.sniff.bare_loss) with a finite value was seen."""
+        self._bare_nans: list[tuple[int, str, str | None, str]] = []
+        """The current run of bare value lines that read NaN/inf: (line, text, step, value)."""
         """Points read from kept lines (rules.sniff) rather than from a filter rule's fields."""
 
     def observe(self, fields: Sequence[str], line_numbers: Sequence[int],
@@ -127,6 +134,7 @@ class ProgressTracker:
         the same line with `nan` in their place, and that line is the one that matters."""
         found = loss_fields(text)
         if found is None:
+            self._observe_bare(line_number, text)
             return
         step, loss = found
         read = {"step": step, "loss": loss, "grad_norm": grad_norm_field(text)}
@@ -136,6 +144,27 @@ class ProgressTracker:
         columns = [[read[name].encode()] for name in fields]
         self._sniffed += 1
         self.observe(fields, [line_number], columns, lambda _n: text)
+
+    def _observe_bare(self, line_number: int, text: str) -> None:
+        """A bare `step value` line or a printed scalar tensor (rules.sniff.bare_loss): a
+        loss only when its series had a finite value and then turns NaN/inf for
+        BARE_NAN_POINTS lines in a row; the first of those is the point read."""
+        found = bare_loss(text)
+        if found is None:
+            return
+        step, value = found
+        if not _non_finite(value):
+            self._bare_finite, self._bare_nans = True, []
+            return
+        if not self._bare_finite:
+            return
+        self._bare_nans.append((line_number, text, step, value))
+        if len(self._bare_nans) == BARE_NAN_POINTS:
+            first, first_text, first_step, first_value = self._bare_nans[0]
+            fields = ("step", "loss") if first_step is not None else ("loss",)
+            columns = [[first_step.encode()], [first_value.encode()]] if first_step is not None else [[first_value.encode()]]
+            self._sniffed += 1
+            self.observe(fields, [first], columns, lambda _n: first_text)
 
     def _note_last_line(self, line_numbers: Sequence[int], steps: Sequence[float], line_text: LineText) -> None:
         """The first line that reported the newest step: with every rank printing the same

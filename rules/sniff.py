@@ -15,10 +15,16 @@ read too (`grad_norm`, `grad norm`, `GradNorm`, `gnorm`): HF Trainer dicts and J
 show a diverged run as `'grad_norm': nan` next to a finite, even 0.0, loss. Once a filter
 rule reads a source's progress (a pack, or a template the Log Agent learned with its fields
 named), its kept lines are sniffed only for a NaN or inf (rules.progress.observe_kept).
+
+Some loops print the loss with no name at all: a bare `step value` pair (`76980 nan`, a BART
+pretraining script) or the loss tensor itself (`tensor(nan, device='cuda:0')`, a LoRA
+fine-tuning loop's `print(loss)`). Such a line says too little to be read as a loss by
+itself; rules.progress counts it only when its series turns NaN/inf and stays so.
 """
 
 from __future__ import annotations
 
+from rules.envelope import bare_message
 from rules.linear import compile_linear, search_groups
 
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|[Nn][Aa][Nn]|[Ii][Nn][Ff])"
@@ -30,6 +36,10 @@ LOSS_LINE = compile_linear(
 GRAD_NORM = compile_linear(
     r"(?:^|[ \t{,|'\"(]|train/)(?:[Gg]rad[_ ]?[Nn]orm|gnorm)['\"]?(?:[:=] ?| )['\"]?(?P<grad>" + _NUMBER + r")(?:[^\w.]|$)")
 """Not `max_grad_norm` or `clip_grad_norm` (settings, not readings): no `_` before it."""
+BARE_LOSS = compile_linear(
+    r"^[ \t]*(?:(?P<step>\d+)[ \t]+(?P<value>" + _NUMBER + r")|tensor\((?P<tensor>" + _NUMBER
+    + r")(?:, ?device='[\w:]+')?(?:, ?(?:grad_fn=<\w+>|requires_grad=True))?\))[ \t]*$")
+"""A whole line that is a step and a number, or a printed scalar tensor."""
 _STEP, _LOSS = LOSS_LINE.groupindex["step"] - 1, LOSS_LINE.groupindex["loss"] - 1
 _GRAD = GRAD_NORM.groupindex["grad"] - 1
 
@@ -42,6 +52,20 @@ def loss_fields(text: str) -> tuple[str | None, str] | None:
     if groups is None:
         return None
     return groups[_STEP], groups[_LOSS]
+
+
+def bare_loss(text: str) -> tuple[str | None, str] | None:
+    """(step or None, value) as printed, when the whole line is a bare step-value pair or a
+    printed scalar tensor."""
+    tail = text.rstrip()
+    # most kept lines: no regex at all (a pair's step is the word before its value)
+    if not ("tensor(" in tail if tail.endswith(")") else (lambda words: len(words) > 1 and words[-2].isdigit())(tail.rsplit(None, 2))):
+        return None
+    groups = search_groups(BARE_LOSS, bare_message(tail))  # after a launcher's or logger's prefix
+    if groups is None:
+        return None
+    step, value, tensor = groups
+    return (step, value) if value is not None else (None, tensor)
 
 
 def grad_norm_field(text: str) -> str | None:

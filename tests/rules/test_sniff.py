@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rules.progress import ProgressTracker
-from rules.sniff import loss_fields
+from rules.sniff import bare_loss, loss_fields
 
 
 @pytest.mark.parametrize(("line", "want"), [
@@ -81,3 +81,49 @@ def test_a_log_that_ends_on_a_non_finite_gradient_norm_diverged() -> None:
     assert spike is not None and spike.kind == "nan" and spike.line_number == 3
     # one overflow step that the loss scaler skipped, and training went on: not a failure
     assert _tracked([*healthy, '{"loss": 1.41, "grad_norm": inf}', '{"loss": 1.40, "grad_norm": 3.9}']).spikes.failed is None
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    ("76980 nan", ("76980", "nan")),
+    ("  120\t2.6496577", ("120", "2.6496577")),
+    ("tensor(nan, device='cuda:0')", (None, "nan")),
+    ("tensor(3.2207, device='cuda:0', grad_fn=<NllLossBackward0>)", (None, "3.2207")),
+    ("tensor(inf)", (None, "inf")),
+    ("2025-03-04 05:06:07,200 76980 nan", ("76980", "nan")),  # behind a logger's or a launcher's prefix
+    ("[rank3]: tensor(nan, device='cuda:0')", (None, "nan")),
+    ("10.140.0.17: 76980 nan", ("76980", "nan")),
+])
+def test_a_bare_value_line_is_read(line: str, want: tuple[str | None, str]) -> None:
+    assert bare_loss(line) == want
+
+
+@pytest.mark.parametrize("line", ["76980 nan nan", "2024-05-01 nan", "tensor([nan, 1.0])", "step 3 nan", "x 1 2"])
+def test_what_is_not_a_bare_value_line_is_not_read(line: str) -> None:
+    assert bare_loss(line) is None
+
+
+def spike_of(lines: list[str]):
+    tracker = ProgressTracker()
+    for number, text in enumerate(lines, 1):
+        tracker.observe_kept(number, text)
+    tracker.spikes.finish()
+    return tracker.spikes.failed
+
+
+@pytest.mark.parametrize("series", [
+    ["76930 2.6496577", "76940 2.59109", "76980 nan", "76990 nan", "Saving the model", "77000 nan"],  # BART pretraining
+    ["tensor(3.2207, device='cuda:0')", "tensor(nan, device='cuda:0')", "tensor(nan, device='cuda:0')"],  # a LoRA loop
+])
+def test_a_bare_series_that_turns_nan_and_stays_is_a_nan_loss_from_its_first_nan(series: list[str]) -> None:
+    spike = spike_of(series)
+    assert spike is not None and spike.kind == "nan"
+    assert spike.line == next(line for line in series if "nan" in line)
+
+
+@pytest.mark.parametrize("series", [
+    ["tensor(nan, device='cuda:0')", "tensor(nan, device='cuda:0')"],  # never finite: not a series that turned
+    ["76930 2.64", "76940 nan", "76950 2.61", "76960 nan"],             # one NaN at a time, finite between
+    ["76930 2.64", "76940 nan"],                                         # one NaN alone
+])
+def test_a_bare_nan_that_does_not_stay_or_never_followed_a_value_is_not_a_loss(series: list[str]) -> None:
+    assert spike_of(series) is None
