@@ -110,32 +110,49 @@ class LossSpikeDetector:
     def observe(self, lines: Sequence[int], steps: Sequence[float], losses: Sequence[float | None],
                 scales: Sequence[float], line_text: Callable[[int], str],
                 grad_norms: Sequence[float | None] = ()) -> None:
-        """Take a batch of points; a loss or gradient norm of None means the line had none."""
+        """Take a batch of points; a loss or gradient norm of None means the line had none.
+
+        A batch is read as its points would be one by one, wherever the batches fall (a
+        pasted log is one batch, a long one a batch per buffer or sample): it is taken at
+        once only when no point of it could be a spike, else point by point."""
         if self.failed is not None:
             return
-        self._check_scale(lines, scales, line_text)
-        if grad_norms:
-            self._check_grads(lines, steps, grad_norms, line_text)
-            if self.failed is not None:
-                return
-        baseline = self._baseline()
         present = [x for x in losses if x is not None]
         finite = [x for x in present if math.isfinite(x)]
-        threshold = None if baseline is None else self._threshold(baseline)
-        if threshold is None:
-            # no baseline yet: calm only while this batch cannot complete one either
-            below = len(self._window) + len(finite) <= 1
-        else:
-            below = not finite or max(finite) <= threshold
-        calm = self._candidate is None and len(finite) == len(present) and below
-        if calm:
+        norms = [g for g in grad_norms if g is not None]
+        finite_scales = [x for x in scales if math.isfinite(x)]
+        if self._calm(present, finite, norms) and (not finite_scales or min(finite_scales) > COLLAPSED_LOSS_SCALE):
             self._window.extend(finite[-BASELINE_POINTS:])
             self._points += len(finite)
+            self._grad_window.extend(norms[-GRAD_BASELINE_POINTS:])
+            if finite_scales:
+                self._max_scale = max(self._max_scale, max(finite_scales))
             return
-        for line, step, loss in zip(lines, steps, losses, strict=True):
-            self._point(line, step, loss, line_text)
+        for i, (line, step, loss) in enumerate(zip(lines, steps, losses, strict=True)):
+            self._check_scale(lines[i:i + 1], scales[i:i + 1], line_text)
+            if grad_norms:
+                self._check_grads(lines[i:i + 1], steps[i:i + 1], grad_norms[i:i + 1], line_text)
+            if self.failed is None:
+                self._point(line, step, loss, line_text)
             if self.failed is not None:
                 return
+
+    def _calm(self, present: Sequence[float], finite: Sequence[float], norms: Sequence[float]) -> bool:
+        """No point of the batch could start a spike, read one by one: no loss could cross
+        the threshold that point by point would compute (the median only moves within the
+        lowest value seen, and the ratio only falls to JUMP_RATIO), no gradient norm the
+        limit (_calm_grad_limit), nothing non-finite, nothing pending."""
+        if self._candidate is not None or len(finite) != len(present):
+            return False
+        if self._bad_grads or self._exploded is not None or not all(math.isfinite(g) for g in norms):
+            return False
+        if norms and max(norms) >= self._calm_grad_limit(norms):
+            return False
+        if self._baseline() is None:
+            # no baseline yet: calm only while this batch cannot complete one either
+            return len(self._window) + len(finite) <= 1
+        low = min(min(self._window), min(finite, default=math.inf))
+        return not finite or max(finite) <= max(low * JUMP_RATIO, low + JUMP_ABSOLUTE)
 
     def _point(self, line: int, step: float, loss: float | None, line_text: Callable[[int], str]) -> None:
         if loss is None:
@@ -194,11 +211,20 @@ class LossSpikeDetector:
             return GRAD_EXPLODED
         return min(GRAD_EXPLODED, _median(self._grad_window) * GRAD_JUMP_RATIO)
 
+    def _calm_grad_limit(self, present: Sequence[float]) -> float:
+        """The lowest limit that any point of this batch could meet point by point: the
+        window reaches its minimum size within the batch, its median no lower than the
+        lowest norm seen."""
+        if len(self._grad_window) + len(present) - 1 < GRAD_MIN_BASELINE:
+            return GRAD_EXPLODED
+        low = min(min(self._grad_window, default=math.inf), min(present))
+        return min(GRAD_EXPLODED, low * GRAD_JUMP_RATIO, self._grad_limit())
+
     def _check_grads(self, lines: Sequence[int], steps: Sequence[float], grad_norms: Sequence[float | None],
                      line_text: Callable[[int], str]) -> None:
         present = [g for g in grad_norms if g is not None]
         if (not self._bad_grads and self._exploded is None and all(math.isfinite(g) for g in present)
-                and (not present or max(present) < self._grad_limit())):
+                and (not present or max(present) < self._calm_grad_limit(present))):
             self._grad_window.extend(present[-GRAD_BASELINE_POINTS:])
             return  # the common case, one pass
         for line, step, norm in zip(lines, steps, grad_norms, strict=True):

@@ -368,6 +368,8 @@ class JobRun:
                 # an error (`storage.client.QuorumLost: ...`): it is the failure itself
                 line = kept[i] = replace(line, error_like=True)
             self._classify(line)
+        for source_run in self.sources.values():  # the Log Agent forwards earlier lines of any source
+            source_run.progress.flush_kept()
         self.compressed.add(kept)
         return kept
 
@@ -463,6 +465,8 @@ class JobRun:
 
     def _progress_line(self, source: str) -> int:
         run = self.sources.get(source)
+        if run is not None:
+            run.progress.flush_kept()  # the points of this buffer's lines before this one
         last = run.progress.last_line if run is not None else None
         return last[0] if last else 0
 

@@ -84,11 +84,13 @@ class ProgressTracker:
         self._lines = array("q")
         self.checkpoints: deque[Checkpoint] = deque(maxlen=256)
         self._sniffed = 0
+        """Points read from kept lines (rules.sniff) rather than from a filter rule's fields."""
+        self._kept: list[tuple[tuple[str, ...], int, list[bytes], str]] = []
+        """Points sniffed from kept lines, not yet read: (fields, line, raw values, text)."""
         self._bare_finite = False
         """A bare value line (rules.sniff.bare_loss) with a finite value was seen."""
         self._bare_nans: list[tuple[int, str, str | None, str]] = []
         """The current run of bare value lines that read NaN/inf: (line, text, step, value)."""
-        """Points read from kept lines (rules.sniff) rather than from a filter rule's fields."""
 
     def observe(self, fields: Sequence[str], line_numbers: Sequence[int],
                 columns: Sequence[Sequence[bytes | None]], line_text: LineText = _no_text) -> None:
@@ -131,24 +133,45 @@ class ProgressTracker:
         while no filter rule has read this source's progress (a pack's own fields are better,
         and another kind of loss in its kept lines would only mix series), except for a NaN
         or inf: a rule, learned or built in, that reads a metric line's numbers does not match
-        the same line with `nan` in their place, and that line is the one that matters."""
+        the same line with `nan` in their place, and that line is the one that matters.
+
+        The point is read at the next flush_kept(), with the others of its buffer: one
+        observe() per kept metric line was most of the cost of a log whose every line is
+        kept (the spike detector reads a batch as it would read its points one by one)."""
         found = loss_fields(text)
         if found is None:
-            self._observe_bare(line_number, text)
+            if not (self.points_seen or self._kept):  # a named loss, when there is one, is the series
+                self._observe_bare(line_number, text)
             return
         step, loss = found
         read = {"step": step, "loss": loss, "grad_norm": grad_norm_field(text)}
         if self.points_seen > self._sniffed and not (_non_finite(loss) or _non_finite(read["grad_norm"])):
             return
         fields = tuple(name for name, value in read.items() if value is not None)
-        columns = [[read[name].encode()] for name in fields]
-        self._sniffed += 1
-        self.observe(fields, [line_number], columns, lambda _n: text)
+        self._kept.append((fields, line_number, [read[name].encode() for name in fields], text))
+
+    def flush_kept(self) -> None:
+        """Read the points sniffed since the last flush, in order, one batch per run of
+        points with the same fields."""
+        rows, self._kept = self._kept, []
+        start = 0
+        while start < len(rows):
+            fields = rows[start][0]
+            stop = start + 1
+            while stop < len(rows) and rows[stop][0] == fields:
+                stop += 1
+            group = rows[start:stop]
+            texts = {number: text for _, number, _, text in group}
+            self._sniffed += len(group)
+            self.observe(fields, [number for _, number, _, _ in group],
+                         [[values[i] for _, _, values, _ in group] for i in range(len(fields))], texts.__getitem__)
+            start = stop
 
     def _observe_bare(self, line_number: int, text: str) -> None:
-        """A bare `step value` line or a printed scalar tensor (rules.sniff.bare_loss): a
-        loss only when its series had a finite value and then turns NaN/inf for
-        BARE_NAN_POINTS lines in a row; the first of those is the point read."""
+        """A bare `step value` line or a printed scalar tensor (rules.sniff.bare_loss), in a
+        source where nothing else reported a loss: a loss only when its series had a finite
+        value and then turns NaN/inf for BARE_NAN_POINTS lines in a row; the first of those
+        is the point read."""
         found = bare_loss(text)
         if found is None:
             return
@@ -161,10 +184,10 @@ class ProgressTracker:
         self._bare_nans.append((line_number, text, step, value))
         if len(self._bare_nans) == BARE_NAN_POINTS:
             first, first_text, first_step, first_value = self._bare_nans[0]
-            fields = ("step", "loss") if first_step is not None else ("loss",)
-            columns = [[first_step.encode()], [first_value.encode()]] if first_step is not None else [[first_value.encode()]]
-            self._sniffed += 1
-            self.observe(fields, [first], columns, lambda _n: first_text)
+            if first_step is None:
+                self._kept.append((("loss",), first, [first_value.encode()], first_text))
+            else:
+                self._kept.append((("step", "loss"), first, [first_step.encode(), first_value.encode()], first_text))
 
     def _note_last_line(self, line_numbers: Sequence[int], steps: Sequence[float], line_text: LineText) -> None:
         """The first line that reported the newest step: with every rank printing the same

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from rules.anomaly import NAN_GRAD_POINTS, LossSpikeDetector
 from rules.job import JobMeta, JobRun
 from rules.rulebook import Rulebook
@@ -108,3 +111,38 @@ def test_a_format_no_pack_knows_is_read_for_its_loss(builtin_rulebook: Rulebook)
     diagnosis = run.finish()
     assert diagnosis.root_cause is not None and diagnosis.root_cause.reason == "loss_spike"
     assert diagnosis.root_cause.line == lines[1]
+
+
+def _spikes(losses: list[float | None], grads: list[float | None], cuts: list[int]) -> tuple:
+    """The detector's verdict when the points come in batches ending at `cuts`."""
+    detector = LossSpikeDetector()
+    bounds = sorted({0, len(losses), *(c for c in cuts if 0 < c < len(losses))})
+    for start, stop in zip(bounds, bounds[1:], strict=False):
+        detector.observe(list(range(start + 1, stop + 1)), [float(i) for i in range(start, stop)], losses[start:stop],
+                         [NAN] * (stop - start), lambda n: f"line {n}", grads[start:stop] if any(grads) else ())
+    detector.finish()
+    return ([(s.kind, s.line_number, s.recovered) for s in detector.spikes],
+            [(s.kind, s.line_number) for s in detector.recovered])
+
+
+_VALUE = st.one_of(st.floats(min_value=-2.0, max_value=12.0, allow_nan=False), st.just(math.nan), st.none())
+
+
+@settings(max_examples=300, deadline=None)
+@given(losses=st.lists(_VALUE, min_size=1, max_size=60),
+       grads=st.lists(st.one_of(st.floats(min_value=0.0, max_value=2e5, allow_nan=False), st.just(math.inf), st.none()),
+                      max_size=60),
+       cuts=st.lists(st.integers(min_value=1, max_value=59), max_size=6))
+def test_batches_are_read_as_their_points_one_by_one(losses, grads, cuts) -> None:
+    """A pasted log is one batch, a long one a batch per buffer or sample: where the batches
+    fall never changes what is found (sniffed points are read a buffer at a time)."""
+    grads = (grads + [None] * len(losses))[:len(losses)]
+    assert _spikes(losses, grads, cuts) == _spikes(losses, grads, list(range(1, len(losses))))
+
+
+def test_a_batch_whose_points_lower_the_threshold_as_they_come_is_not_calm() -> None:
+    # two points of 2.0 and 2.1, then eight of 2.0 make the long run's ratio apply: 3.5 is a
+    # jump point by point, and so it is in one batch
+    losses = [2.0, 2.1] + [2.0] * 8 + [3.5] * 6
+    assert _spikes(losses, [None] * len(losses), [2]) == _spikes(losses, [None] * len(losses), list(range(1, 16)))
+    assert _spikes(losses, [None] * len(losses), [2])[0]

@@ -40,9 +40,11 @@ def test_what_is_not_a_training_loss_is_not_read(line: str) -> None:
 def test_kept_lines_are_read_only_until_a_filter_rule_reads_progress() -> None:
     tracker = ProgressTracker("a.log")
     tracker.observe_kept(1, "iter 1: loss 2.5, time 1ms")
+    tracker.flush_kept()
     assert tracker.last_step == 1 and tracker.last_loss == 2.5
     tracker.observe(("step", "loss"), [2], [[b"2"], [b"2.4"]])  # a pack's (or learned) rule
     tracker.observe_kept(3, "iter 3: loss 9.9, time 1ms")
+    tracker.flush_kept()
     assert tracker.last_step == 2 and tracker.last_loss == 2.4
 
 
@@ -71,6 +73,7 @@ def _tracked(lines: list[str]) -> ProgressTracker:
     tracker = ProgressTracker("a.log")
     for number, line in enumerate(lines, 1):
         tracker.observe_kept(number, line)
+    tracker.flush_kept()
     tracker.spikes.finish()
     return tracker
 
@@ -106,6 +109,7 @@ def spike_of(lines: list[str]):
     tracker = ProgressTracker()
     for number, text in enumerate(lines, 1):
         tracker.observe_kept(number, text)
+    tracker.flush_kept()
     tracker.spikes.finish()
     return tracker.spikes.failed
 
