@@ -606,7 +606,10 @@ class JobRun:
             spike=primary.progress.spikes.failed if primary else None,
             checkpoints=list(primary.progress.checkpoints) if primary else [],
             progress_source=primary.name if primary else None, hang=lambda: self._hang(primary),
-            node_of=self.classifier.node_of, traceback=self._saw_traceback, failure_traced=traced, failure_line=self._last_exception or fatal,
+            node_of=self.classifier.node_of, traceback=self._saw_traceback, failure_traced=traced,
+            # never silent: a traceback with no exception line the job recognises (a paste cut
+            # short, an odd wording) still has the error-like line it printed last
+            failure_line=self._last_exception or fatal or self._last_error_like,
             fatal=fatal is not None, killed_line=None if self._own_exception else self._killed,
             bus_error_line=None if self._own_exception else self._bus_error,
             completed=self.completed(), progress=self.progress_summary(),

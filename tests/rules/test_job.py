@@ -227,3 +227,15 @@ def test_a_step_or_two_printed_after_an_error_do_not_hide_it(builtin_rulebook: R
 def test_an_error_that_repeats_after_the_steps_is_not_survived(builtin_rulebook: Rulebook) -> None:
     diagnosis = _run(builtin_rulebook, [TIMED_OUT, *(STEP.format(step=s) for s in range(10, 30)), TIMED_OUT]).finish()
     assert diagnosis.status == "failed" and diagnosis.root_cause.reason == "connection_error"
+
+
+def test_a_traceback_cut_before_its_exception_still_names_a_line(builtin_rulebook: Rulebook) -> None:
+    """Never silent: a paste that stops inside a traceback has no exception line; the job
+    failed all the same, and the error-like line it printed last is the lead."""
+    lines = [STEP.format(step=10), "Traceback (most recent call last):",
+             '  File "/workspace/train.py", line 88, in <module>', "    main()",
+             '  File "/workspace/train.py", line 80, in main']
+    diagnosis = _run(builtin_rulebook, lines).finish()
+    assert diagnosis.status == "failed"
+    assert diagnosis.root_cause is not None and diagnosis.root_cause.line == lines[1]
+    assert diagnosis.root_cause.source == "unmatched"
