@@ -47,6 +47,7 @@ MAX_BLOCK_WAIT = 31
 MIX_AFTER_MISSES = 3
 """Period searches that find nothing in a row before the loop tries a mixed run."""
 MAX_MIX_RULES = 6
+"""Rules in one mix at most: helix's step and data lines with its perf and heartbeat lines."""
 MAX_MIX_FAILS = 16
 """Mixed-run tries in a row that consume nothing before the loop stops trying that mix."""
 MAX_KEPT_LINE_CHARS = 8192

@@ -58,14 +58,22 @@ def bare_loss(text: str) -> tuple[str | None, str] | None:
     """(step or None, value) as printed, when the whole line is a bare step-value pair or a
     printed scalar tensor."""
     tail = text.rstrip()
-    # most kept lines: no regex at all (a pair's step is the word before its value)
-    if not ("tensor(" in tail if tail.endswith(")") else (lambda words: len(words) > 1 and words[-2].isdigit())(tail.rsplit(None, 2))):
+    if not _may_be_bare(tail):  # most kept lines: no regex at all
         return None
     groups = search_groups(BARE_LOSS, bare_message(tail))  # after a launcher's or logger's prefix
     if groups is None:
         return None
     step, value, tensor = groups
     return (step, value) if value is not None else (None, tensor)
+
+
+def _may_be_bare(tail: str) -> bool:
+    """A cheap test before the regex: a tensor's closing parenthesis, or a pair's step as the
+    word before its value."""
+    if tail.endswith(")"):
+        return "tensor(" in tail
+    words = tail.rsplit(None, 2)
+    return len(words) > 1 and words[-2].isdigit()
 
 
 def grad_norm_field(text: str) -> str | None:
