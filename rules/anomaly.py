@@ -121,7 +121,7 @@ class LossSpikeDetector:
         finite = [x for x in present if math.isfinite(x)]
         norms = [g for g in grad_norms if g is not None]
         finite_scales = [x for x in scales if math.isfinite(x)]
-        if self._calm(present, finite, norms) and (not finite_scales or min(finite_scales) > COLLAPSED_LOSS_SCALE):
+        if self._calm(present, finite, norms, finite_scales):
             self._window.extend(finite[-BASELINE_POINTS:])
             self._points += len(finite)
             self._grad_window.extend(norms[-GRAD_BASELINE_POINTS:])
@@ -137,12 +137,15 @@ class LossSpikeDetector:
             if self.failed is not None:
                 return
 
-    def _calm(self, present: Sequence[float], finite: Sequence[float], norms: Sequence[float]) -> bool:
+    def _calm(self, present: Sequence[float], finite: Sequence[float], norms: Sequence[float],
+              scales: Sequence[float]) -> bool:
         """No point of the batch could start a spike, read one by one: no loss could cross
         the threshold that point by point would compute (the median only moves within the
         lowest value seen, and the ratio only falls to JUMP_RATIO), no gradient norm the
-        limit (_calm_grad_limit), nothing non-finite, nothing pending."""
+        limit (_calm_grad_limit), no loss scale collapsed, nothing non-finite, nothing pending."""
         if self._candidate is not None or len(finite) != len(present):
+            return False
+        if scales and min(scales) <= COLLAPSED_LOSS_SCALE:
             return False
         if self._bad_grads or self._exploded is not None or not all(math.isfinite(g) for g in norms):
             return False
@@ -222,11 +225,7 @@ class LossSpikeDetector:
 
     def _check_grads(self, lines: Sequence[int], steps: Sequence[float], grad_norms: Sequence[float | None],
                      line_text: Callable[[int], str]) -> None:
-        present = [g for g in grad_norms if g is not None]
-        if (not self._bad_grads and self._exploded is None and all(math.isfinite(g) for g in present)
-                and (not present or max(present) < self._calm_grad_limit(present))):
-            self._grad_window.extend(present[-GRAD_BASELINE_POINTS:])
-            return  # the common case, one pass
+        # one point at a time (observe takes a calm batch at once, _calm)
         for line, step, norm in zip(lines, steps, grad_norms, strict=True):
             if norm is None:
                 continue  # this line gives no gradient norm

@@ -435,8 +435,7 @@ class FilterStream:
         # block's or a timer's run between the ones that take turns goes in the stretch too
         turns = Counter(k for k, _ in history[-2 * MAX_BLOCK_PERIOD:])
         rules = tuple(sorted(k for k, _ in turns.most_common(MAX_MIX_RULES)))
-        if (2 <= len(rules) <= MAX_MIX_RULES and rules not in self._mix_refused
-                and self.program.mix(rules) is not None):
+        if len(rules) >= 2 and rules not in self._mix_refused and self.program.mix(rules) is not None:
             self._mix, self._mix_fails = rules, 0
 
     def _mixed(self, rules: tuple[int, ...], data: bytes, pos: int, end: int) -> tuple[int, int]:

@@ -368,8 +368,7 @@ class JobRun:
                 # an error (`storage.client.QuorumLost: ...`): it is the failure itself
                 line = kept[i] = replace(line, error_like=True)
             self._classify(line)
-        for source_run in self.sources.values():  # the Log Agent forwards earlier lines of any source
-            source_run.progress.flush_kept()
+        run.progress.flush_kept()
         self.compressed.add(kept)
         return kept
 
@@ -463,10 +462,15 @@ class JobRun:
         # both in that section: the line naming the signal says more than the exit code
         return "Signal " in line.text and "Signal " not in held.text
 
-    def _progress_line(self, source: str) -> int:
+    def _flush_progress(self, source: str) -> SourceRun | None:
+        """The source's run, with the losses sniffed from its lines so far read."""
         run = self.sources.get(source)
         if run is not None:
-            run.progress.flush_kept()  # the points of this buffer's lines before this one
+            run.progress.flush_kept()
+        return run
+
+    def _progress_line(self, source: str) -> int:
+        run = self._flush_progress(source)  # the points of this buffer's lines before this one
         last = run.progress.last_line if run is not None else None
         return last[0] if last else 0
 
@@ -490,6 +494,7 @@ class JobRun:
                 self._flagged.add(key)
             else:
                 self._classify(replace(line, error_like=True))
+                self._flush_progress(line.source)  # an earlier line, of any source: read now
 
     def add_filter_rules(self, rules: list[FilterRule]) -> None:
         """New filter rules take effect on the running streams, from the next buffer on."""
