@@ -5,7 +5,9 @@ expects, and a test checks that the head revision and the models agree. The serv
 the database to the head revision when it starts (`FAULTLINE_DB_AUTO_UPGRADE`, default on)
 or an operator runs `faultline db upgrade` first. Several replicas may start at once: the
 upgrade runs under a lock (a PostgreSQL advisory lock, a file lock beside a SQLite file), and
-the one that comes second finds the work done.
+the one that comes second finds the work done. A new, empty database gets the head schema
+from the models at once, stamped as Alembic would (a test holds it equal to the replayed
+migrations).
 """
 
 from __future__ import annotations
@@ -77,9 +79,12 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
     """Bring the database to `revision`; returns the revision it was at before."""
     if revision == "head" and is_current(engine):
         return HEAD  # the common case, without taking a lock (nor importing Alembic)
-    from alembic import command
-
     with _migration_lock(engine) as connection:
+        if revision == "head" and not inspect(connection).get_table_names():
+            _create_head(connection)  # a new database: no migration to replay
+            return None
+        from alembic import command
+
         before = current_revision(connection)
         if before is None and inspect(connection).has_table("jobs"):
             # a database made by create_all before migrations existed: it is the baseline
@@ -87,6 +92,23 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
             before = BASELINE
         command.upgrade(alembic_config(connection), revision)
         return before
+
+
+def _create_head(connection: Connection) -> None:
+    """The head schema straight from the models, stamped HEAD the way Alembic stamps it.
+
+    Replaying every migration on a new, empty database gives the same schema (a test holds
+    the two to each other) but costs Alembic's import and one DDL round per step: about 0.3 s
+    of a first `faultline diagnose` or `compress` on a fresh data directory."""
+    from service.store.jobs import RULES_COUNTER
+    from service.store.models import Base
+
+    Base.metadata.create_all(connection)
+    # what 0002 seeds: replicas only ever UPDATE the counter
+    connection.execute(text("INSERT INTO counters (name, value) VALUES (:name, 0)"), {"name": RULES_COUNTER})
+    connection.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL, "
+                            "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num))"))
+    connection.execute(text("INSERT INTO alembic_version (version_num) VALUES (:head)"), {"head": HEAD})
 
 
 def require_current(engine: Engine) -> None:

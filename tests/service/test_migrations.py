@@ -46,9 +46,24 @@ def test_the_suite_runs_on_the_backend_it_was_asked_for(db: Database) -> None:
     assert db.backend == ("postgresql" if databases.server_url() else "sqlite")
 
 
-def test_the_head_revision_is_exactly_the_models(db: Database) -> None:
-    assert not migrate.is_current(db.engine)  # an empty database
+def test_the_migrations_replayed_from_nothing_are_exactly_the_models(db: Database) -> None:
+    with db.engine.begin() as connection:  # every script in turn, as an old database meets them
+        command.upgrade(migrate.alembic_config(connection), "head")
+    assert differences(db) == []
+    with db.engine.connect() as connection:
+        assert migrate.current_revision(connection) == migrate.head_revision()
+    with db.session() as session:
+        assert session.get(Counter, store.RULES_COUNTER).value == 0
+
+
+def test_a_new_database_gets_the_head_schema_that_alembic_can_migrate_on(db: Database) -> None:
+    assert not migrate.is_current(db.engine)  # an empty database: made from the models, stamped
     assert migrate.upgrade(db.engine) is None
+    assert differences(db) == []
+    with db.engine.begin() as connection:  # Alembic reads the stamp and walks down and up from it
+        assert migrate.current_revision(connection) == migrate.head_revision()
+        command.downgrade(migrate.alembic_config(connection), migrate.BASELINE)
+        command.upgrade(migrate.alembic_config(connection), "head")
     assert differences(db) == []
     with db.engine.connect() as connection:
         assert migrate.current_revision(connection) == migrate.head_revision()
