@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from agents.incidents import Incident, StoredIncident, incident_id
@@ -56,9 +55,15 @@ def add_incidents(session: Session, incidents: Sequence[Incident]) -> int:
     if not rows:
         return 0
     dialect = session.get_bind().dialect.name
+    # the dialects' insert is imported here: PostgreSQL's brings asyncio and asyncpg's module
+    # into every short `faultline diagnose` on SQLite (25 ms of its start)
     if dialect == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
         statement = postgresql.insert(IncidentRow).on_conflict_do_nothing(index_elements=["id"])
     elif dialect == "sqlite":
+        from sqlalchemy.dialects import sqlite
+
         statement = sqlite.insert(IncidentRow).on_conflict_do_nothing(index_elements=["id"])
     else:  # no portable ON CONFLICT: look, then insert (the race above stays possible there)
         known = set(session.scalars(select(IncidentRow.id).where(IncidentRow.id.in_(list(rows)))).all())
