@@ -172,10 +172,34 @@ class Retrieval:
         return [by_order[i] for i, s in zip(ids[0], scores[0], strict=False) if s >= threshold and i in by_order]
 
 
+_WRAP_HEAD = re.compile(r"[A-Za-z0-9,]$")
+"""How a line that a terminal or a paste wrapped ends: mid-word or mid-sentence, with no
+full stop, colon or bracket that would close a message."""
+_WRAP_TAIL = re.compile(r"^[a-z]+(?:[ ,;)]|\.(?:\s|$))")
+"""How its continuation starts: a lower-case word fragment followed by a space or a full stop
+(`tions might run on ...`, `address. The server socket ...`), never a dotted name or a call
+(`torch.distributed.elastic...Error:`, `raise(...)`), which starts a line of its own."""
+WRAP_MIN_CHARS = 60
+"""A wrapped line filled its terminal's width (80 columns and up; word wrap leaves a little)."""
+
+
+def continues(previous: KeptLine | None, line: KeptLine) -> bool:
+    """`line` is the rest of `previous`, wrapped by a terminal or a paste: it has no envelope
+    of its own and carries on a long line that stopped mid-sentence."""
+    return (previous is not None and previous.source == line.source
+            and previous.line_number + 1 == line.line_number and len(previous.text) >= WRAP_MIN_CHARS
+            and _WRAP_HEAD.search(previous.text) is not None and _WRAP_TAIL.match(line.text) is not None)
+
+
 def chunk_lines(lines: Sequence[KeptLine], program) -> list[Chunk]:
-    """Group the compressed log by line shape, in order of first appearance."""
+    """Group the compressed log by line shape, in order of first appearance. The rest of a
+    wrapped line is structure: the line it continues holds the message, and the fragment
+    alone (`tions might run on corrupted/incomplete data.`) would be a candidate that no
+    reader would call an error."""
     chunks: dict[str, Chunk] = {}
+    previous: KeptLine | None = None
     for line in lines:
+        wrapped, previous = continues(previous, line), line
         envelope = split_envelope(line.text)
         message = envelope.message.strip()
         shape = mask(message)
@@ -185,7 +209,8 @@ def chunk_lines(lines: Sequence[KeptLine], program) -> list[Chunk]:
             rule = hit[0] if hit else None
             chunk = chunks[shape] = Chunk(
                 order=len(chunks), first=line, message=message, rule=rule,
-                structural=bool(_STRUCTURE.search(message)) or (rule is not None and rule.tier is Tier.CONTEXT),
+                structural=(bool(_STRUCTURE.search(message)) or (rule is not None and rule.tier is Tier.CONTEXT)
+                            or (wrapped and rule is None)),
                 to_agent=addresses_the_agent(message))
         else:
             chunk.count += 1
