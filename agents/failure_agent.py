@@ -183,9 +183,11 @@ WRAP_MIN_CHARS = 60
 """A wrapped line filled its terminal's width (80 columns and up; word wrap leaves a little)."""
 
 
-def continues(previous: KeptLine | None, line: KeptLine) -> bool:
-    """`line` is the rest of `previous`, wrapped by a terminal or a paste: it has no envelope
-    of its own and carries on a long line that stopped mid-sentence."""
+def wrapped_rest(previous: KeptLine | None, line: KeptLine) -> bool:
+    """`line` is the rest of `previous`, wrapped by a terminal or a paste: it carries on a long
+    line that stopped mid-sentence (its lower-case start leaves no room for an envelope). Not
+    agents.log_agent.continues, which keeps a traceback's indented or marked lines with the
+    error line they follow: a wrap has neither indent nor marker."""
     return (previous is not None and previous.source == line.source
             and previous.line_number + 1 == line.line_number and len(previous.text) >= WRAP_MIN_CHARS
             and _WRAP_HEAD.search(previous.text) is not None and _WRAP_TAIL.match(line.text) is not None)
@@ -199,7 +201,7 @@ def chunk_lines(lines: Sequence[KeptLine], program) -> list[Chunk]:
     chunks: dict[str, Chunk] = {}
     previous: KeptLine | None = None
     for line in lines:
-        wrapped, previous = continues(previous, line), line
+        wrapped, previous = wrapped_rest(previous, line), line
         envelope = split_envelope(line.text)
         message = envelope.message.strip()
         shape = mask(message)

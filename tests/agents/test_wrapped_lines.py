@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.failure_agent import chunk_lines, continues
+from agents.failure_agent import chunk_lines, wrapped_rest
 from rules.model import KeptLine
 from service.context import Context
 from rules.job import JobMeta
@@ -29,7 +29,7 @@ def kept(number: int, text: str, source: str = "train.log") -> KeptLine:
      "address. The server socket has failed to bind to [::]:29600 (errno: 98 - Address"),
 ])
 def test_the_rest_of_a_wrapped_line_continues_it(head: str, tail: str) -> None:
-    assert continues(kept(7, head), kept(8, tail))
+    assert wrapped_rest(kept(7, head), kept(8, tail))
 
 
 @pytest.mark.parametrize(("head", "tail"), [
@@ -45,14 +45,14 @@ def test_the_rest_of_a_wrapped_line_continues_it(head: str, tail: str) -> None:
     ("CUDA error: an illegal", "memory access was encountered"),
 ])
 def test_a_line_of_its_own_is_not_a_rest(head: str, tail: str) -> None:
-    assert not continues(kept(7, head), kept(8, tail))
+    assert not wrapped_rest(kept(7, head), kept(8, tail))
 
 
 def test_only_the_next_line_of_the_same_file_continues() -> None:
     head = kept(7, NCCL_HEAD)
-    assert not continues(head, kept(9, "tions might run on corrupted/incomplete data."))
-    assert not continues(head, kept(8, "tions might run on corrupted/incomplete data.", source="rank1.log"))
-    assert not continues(None, kept(1, "tions might run on corrupted/incomplete data."))
+    assert not wrapped_rest(head, kept(9, "tions might run on corrupted/incomplete data."))
+    assert not wrapped_rest(head, kept(8, "tions might run on corrupted/incomplete data.", source="rank1.log"))
+    assert not wrapped_rest(None, kept(1, "tions might run on corrupted/incomplete data."))
 
 
 def test_the_rest_is_structure_and_the_head_stays_a_chunk() -> None:
